@@ -1,0 +1,1 @@
+//! `coli convert`: HF checkpoint to streaming container.

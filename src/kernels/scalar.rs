@@ -1,0 +1,64 @@
+//! Scalar reference kernels: obviously correct, used to check the SIMD ones.
+
+use super::RowRef;
+use crate::quant::QFormat;
+
+/// Signed value of weight `j` of a packed row.
+#[inline]
+pub fn unpack(format: QFormat, bytes: &[u8], j: usize) -> i32 {
+    match format {
+        QFormat::Int8 => bytes[j] as i8 as i32,
+        QFormat::Int4 | QFormat::Int4Grouped { .. } => {
+            let b = bytes[j / 2];
+            let nib = if j % 2 == 0 { b & 0x0f } else { b >> 4 };
+            nib as i32 - 8
+        }
+        QFormat::Int2 => ((bytes[j / 4] >> (2 * (j % 4))) & 0x03) as i32 - 2,
+        QFormat::F32 => 0,
+    }
+}
+
+/// `row · x`: per scale group, an f32 sum of `q_j * x_j`, times the scale,
+/// summed over groups in order.
+pub fn dot(row: &RowRef<'_>, x: &[f32]) -> f32 {
+    match *row {
+        RowRef::F32(w) => w.iter().zip(x).map(|(a, b)| a * b).sum(),
+        RowRef::Packed {
+            format,
+            cols,
+            bytes,
+            scales,
+        } => {
+            let group = format.group_len(cols);
+            let mut total = 0f32;
+            for (g, &s) in scales.iter().enumerate() {
+                let lo = g * group;
+                let hi = (lo + group).min(cols);
+                let mut acc = 0f32;
+                for (j, xv) in x.iter().enumerate().take(hi).skip(lo) {
+                    acc += unpack(format, bytes, j) as f32 * xv;
+                }
+                total += acc * s;
+            }
+            total
+        }
+    }
+}
+
+/// The row as f32 weights (`q * scale`).
+pub fn dequantize_row(row: &RowRef<'_>, out: &mut [f32]) {
+    match *row {
+        RowRef::F32(w) => out.copy_from_slice(w),
+        RowRef::Packed {
+            format,
+            cols,
+            bytes,
+            scales,
+        } => {
+            let group = format.group_len(cols);
+            for (j, o) in out.iter_mut().enumerate().take(cols) {
+                *o = unpack(format, bytes, j) as f32 * scales[j / group];
+            }
+        }
+    }
+}

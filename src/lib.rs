@@ -1,0 +1,14 @@
+//! colibri: Mixture-of-Experts inference for models larger than RAM.
+//!
+//! The dense part of a model stays resident and quantized; routed experts
+//! stay in a file and are fetched per `(layer, expert)` through the runtime
+//! crate (`colibri-actors`). This crate holds what is specific to models:
+//! checkpoints, quantized formats and kernels, the math of each family,
+//! tokenizers, sampling and the command-line front ends.
+
+pub mod config;
+pub mod convert;
+pub mod kernels;
+pub mod model;
+pub mod quant;
+pub mod st;

@@ -1,0 +1,246 @@
+//! The weight matrix every linear layer holds.
+
+use rayon::prelude::*;
+
+use super::{ByteStore, QFormat, QuantError, infer_format, quantize_matrix};
+use crate::kernels;
+
+/// Storage of a matrix's weights.
+#[derive(Clone, Debug)]
+enum Data {
+    F32(Vec<f32>),
+    Packed(ByteStore),
+}
+
+/// A row-major `[rows, cols]` weight matrix in any supported format.
+/// `y = W x` is the only operation models need from it.
+#[derive(Clone, Debug)]
+pub struct QMatrix {
+    rows: usize,
+    cols: usize,
+    format: QFormat,
+    data: Data,
+    scales: Vec<f32>,
+}
+
+/// Rows handed to one rayon task: enough work to amortise the task.
+const ROWS_PER_TASK: usize = 16;
+
+impl QMatrix {
+    /// A full-precision matrix.
+    pub fn from_f32(rows: usize, cols: usize, w: Vec<f32>) -> Result<Self, QuantError> {
+        if w.len() != rows * cols {
+            return Err(QuantError::Size {
+                what: "f32 matrix",
+                rows,
+                cols,
+                expected: rows * cols,
+                got: w.len(),
+            });
+        }
+        Ok(Self {
+            rows,
+            cols,
+            format: QFormat::F32,
+            data: Data::F32(w),
+            scales: Vec::new(),
+        })
+    }
+
+    /// Stores `w` in `format`, quantizing when it is not `F32`.
+    pub fn quantize(rows: usize, cols: usize, w: Vec<f32>, format: QFormat) -> Result<Self, QuantError> {
+        if format == QFormat::F32 {
+            return Self::from_f32(rows, cols, w);
+        }
+        let (bytes, scales) = quantize_matrix(rows, cols, &w, format)?;
+        Ok(Self {
+            rows,
+            cols,
+            format,
+            data: Data::Packed(ByteStore::from_vec(bytes)),
+            scales,
+        })
+    }
+
+    /// A stored quantized tensor: the format is recognised from the byte and
+    /// scale counts, and every scale must be finite and positive.
+    pub fn from_stored(rows: usize, cols: usize, bytes: ByteStore, scales: Vec<f32>) -> Result<Self, QuantError> {
+        let format = infer_format(rows, cols, bytes.len(), scales.len())?;
+        Self::from_parts(rows, cols, format, bytes, scales)
+    }
+
+    /// A quantized tensor whose format is known (checked against the sizes).
+    pub fn from_parts(
+        rows: usize,
+        cols: usize,
+        format: QFormat,
+        bytes: ByteStore,
+        scales: Vec<f32>,
+    ) -> Result<Self, QuantError> {
+        let ok_bytes = rows.checked_mul(format.row_bytes(cols)) == Some(bytes.len());
+        let ok_scales = rows.checked_mul(format.scales_per_row(cols)) == Some(scales.len());
+        if format == QFormat::F32 || !ok_bytes || !ok_scales {
+            return Err(QuantError::NoLayout {
+                rows,
+                cols,
+                bytes: bytes.len(),
+                scales: scales.len(),
+            });
+        }
+        if let Some((index, &value)) = scales.iter().enumerate().find(|(_, s)| !(s.is_finite() && **s > 0.0)) {
+            return Err(QuantError::BadScale { index, value });
+        }
+        Ok(Self {
+            rows,
+            cols,
+            format,
+            data: Data::Packed(bytes),
+            scales,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn format(&self) -> QFormat {
+        self.format
+    }
+
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// Packed bytes of a quantized matrix (None for f32).
+    pub fn packed(&self) -> Option<&[u8]> {
+        match &self.data {
+            Data::Packed(b) => Some(b.as_slice()),
+            Data::F32(_) => None,
+        }
+    }
+
+    /// Weights of an f32 matrix (None when quantized).
+    pub fn f32_data(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(w) => Some(w),
+            Data::Packed(_) => None,
+        }
+    }
+
+    /// Memory the weights occupy.
+    pub fn resident_bytes(&self) -> usize {
+        let data = match &self.data {
+            Data::F32(w) => w.len() * 4,
+            Data::Packed(b) => b.len(),
+        };
+        data + self.scales.len() * 4
+    }
+
+    /// One row of the matrix as f32 (embedding lookup, tests).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let row = self.row_ref(r);
+        kernels::scalar::dequantize_row(&row, out);
+    }
+
+    fn row_ref(&self, r: usize) -> kernels::RowRef<'_> {
+        match &self.data {
+            Data::F32(w) => kernels::RowRef::F32(&w[r * self.cols..(r + 1) * self.cols]),
+            Data::Packed(b) => {
+                let rb = self.format.row_bytes(self.cols);
+                let spr = self.format.scales_per_row(self.cols);
+                kernels::RowRef::Packed {
+                    format: self.format,
+                    cols: self.cols,
+                    bytes: &b.as_slice()[r * rb..(r + 1) * rb],
+                    scales: &self.scales[r * spr..(r + 1) * spr],
+                }
+            }
+        }
+    }
+
+    /// `y = W x`, parallel over rows. Each row's sum is computed in a fixed
+    /// order, so the result does not depend on the thread count.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), self.cols, "matvec input length");
+        assert_eq!(y.len(), self.rows, "matvec output length");
+        let dot = kernels::dispatch();
+        y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
+            for (i, yv) in ys.iter_mut().enumerate() {
+                *yv = dot.dot(&self.row_ref(c * ROWS_PER_TASK + i), x);
+            }
+        });
+    }
+
+    /// `Y = X Wᵀ` for `n` input rows (`x` is `[n, cols]`, `y` is `[n, rows]`):
+    /// each weight row is read once for the whole batch.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), n * self.cols, "matmul input length");
+        assert_eq!(y.len(), n * self.rows, "matmul output length");
+        if n == 1 {
+            return self.matvec(x, y);
+        }
+        let dot = kernels::dispatch();
+        let rows = self.rows;
+        let cols = self.cols;
+        // Compute W-row-major blocks into a transposed scratch, then scatter.
+        let mut yt = vec![0f32; n * rows];
+        yt.par_chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(|(c, block)| {
+            for (i, out) in block.chunks_mut(n).enumerate() {
+                let row = self.row_ref(c * ROWS_PER_TASK + i);
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = dot.dot(&row, &x[t * cols..(t + 1) * cols]);
+                }
+            }
+        });
+        for r in 0..rows {
+            for t in 0..n {
+                y[t * rows + r] = yt[r * n + t];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols).map(|i| ((i * 7919 % 103) as f32 - 51.0) / 37.0).collect()
+    }
+
+    #[test]
+    fn quantized_matvec_close_to_f32() {
+        let (rows, cols) = (37, 129);
+        let w = sample(rows, cols);
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let exact = QMatrix::from_f32(rows, cols, w.clone()).unwrap();
+        let mut ye = vec![0.0; rows];
+        exact.matvec(&x, &mut ye);
+        for (fmt, tol) in [(QFormat::Int8, 0.05), (QFormat::Int4, 0.6), (QFormat::Int4Grouped { group: 32 }, 0.5)] {
+            let q = QMatrix::quantize(rows, cols, w.clone(), fmt).unwrap();
+            let mut yq = vec![0.0; rows];
+            q.matvec(&x, &mut yq);
+            for (a, b) in ye.iter().zip(&yq) {
+                assert!((a - b).abs() < tol, "{fmt}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_matches_matvec() {
+        let (rows, cols, n) = (19, 33, 3);
+        let q = QMatrix::quantize(rows, cols, sample(rows, cols), QFormat::Int8).unwrap();
+        let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut y = vec![0.0; n * rows];
+        q.matmul(&x, n, &mut y);
+        for t in 0..n {
+            let mut yv = vec![0.0; rows];
+            q.matvec(&x[t * cols..(t + 1) * cols], &mut yv);
+            assert_eq!(&y[t * rows..(t + 1) * rows], &yv[..]);
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Safetensors checkpoints and containers (filled in by the loader work).
