@@ -69,9 +69,7 @@ impl ExpertExtent {
         let mut buf_len: u64 = 0;
         for p in &self.pieces {
             let extend = spans.last().is_some_and(|s| {
-                s.file == p.file
-                    && p.offset >= s.offset + s.len
-                    && p.offset - (s.offset + s.len) <= max_gap
+                s.file == p.file && p.offset >= s.offset + s.len && p.offset - (s.offset + s.len) <= max_gap
             });
             if extend {
                 if let Some(s) = spans.last_mut() {
@@ -148,15 +146,38 @@ mod tests {
     fn adjacent_pieces_merge_into_one_read() {
         let ext = ExpertExtent {
             pieces: vec![
-                Piece { file: 0, offset: 100, len: 10 },
-                Piece { file: 0, offset: 110, len: 5 },
-                Piece { file: 0, offset: 120, len: 5 },
-                Piece { file: 1, offset: 0, len: 3 },
+                Piece {
+                    file: 0,
+                    offset: 100,
+                    len: 10,
+                },
+                Piece {
+                    file: 0,
+                    offset: 110,
+                    len: 5,
+                },
+                Piece {
+                    file: 0,
+                    offset: 120,
+                    len: 5,
+                },
+                Piece {
+                    file: 1,
+                    offset: 0,
+                    len: 3,
+                },
             ],
         };
         let (spans, at) = ext.plan_reads(16);
         assert_eq!(spans.len(), 2);
-        assert_eq!(spans[0], ReadSpan { file: 0, offset: 100, len: 25 });
+        assert_eq!(
+            spans[0],
+            ReadSpan {
+                file: 0,
+                offset: 100,
+                len: 25
+            }
+        );
         assert_eq!(at, vec![0, 10, 20, 25]);
         let (spans, at) = ext.plan_reads(0);
         assert_eq!(spans.len(), 3);

@@ -94,7 +94,12 @@ impl<T: Send + Sync> BlockingSource<T> {
         let files = map
             .files
             .iter()
-            .map(|p| File::open(p).map_err(|source| SourceError::Open { path: p.clone(), source }))
+            .map(|p| {
+                File::open(p).map_err(|source| SourceError::Open {
+                    path: p.clone(),
+                    source,
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             map,
@@ -120,7 +125,11 @@ impl<T: Send + Sync> BlockingSource<T> {
 }
 
 /// Reads one expert's extent into a fresh aligned buffer with positioned reads.
-pub fn read_expert(map: &ExpertMap, files: &[File], key: ExpertKey) -> Result<(AlignedBuf, Vec<usize>), SourceError> {
+pub fn read_expert(
+    map: &ExpertMap,
+    files: &[File],
+    key: ExpertKey,
+) -> Result<(AlignedBuf, Vec<usize>), SourceError> {
     let extent = map.extent(key)?;
     let (spans, piece_at) = extent.plan_reads(MAX_READ_GAP);
     let total: u64 = spans.iter().map(|s| s.len).sum();

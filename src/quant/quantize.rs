@@ -12,7 +12,12 @@ pub fn round_half_even(x: f32) -> f32 {
 
 /// Quantizes a row-major `[rows, cols]` matrix; returns the packed bytes and
 /// the scales. `F32` is not a quantized format and is refused.
-pub fn quantize_matrix(rows: usize, cols: usize, w: &[f32], format: QFormat) -> Result<(Vec<u8>, Vec<f32>), QuantError> {
+pub fn quantize_matrix(
+    rows: usize,
+    cols: usize,
+    w: &[f32],
+    format: QFormat,
+) -> Result<(Vec<u8>, Vec<f32>), QuantError> {
     if w.len() != rows * cols {
         return Err(QuantError::Size {
             what: "quantize",
