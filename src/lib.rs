@@ -6,9 +6,13 @@
 //! checkpoints, quantized formats and kernels, the math of each family,
 //! tokenizers, sampling and the command-line front ends.
 
+pub mod cli;
 pub mod config;
 pub mod convert;
+pub mod engine;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod sampling;
 pub mod st;
+pub mod tokenizer;

@@ -14,5 +14,5 @@ pub mod tag;
 pub use buffer::AlignedBuf;
 pub use error::SourceError;
 pub use expert::{ExpertExtent, ExpertKey, ExpertMap, FileId, Piece};
-pub use source::{BlockingSource, ExpertDecoder, ExpertSource};
+pub use source::{BlockingSource, ExpertDecoder, ExpertSink, ExpertSource, SourceStats};
 pub use tag::Tag;

@@ -1,1 +1,22 @@
-//! Model families.
+//! Model families and what they share (ops, KV cache, the expert type).
+
+pub mod expert;
+pub mod kv_cache;
+pub mod olmoe;
+pub mod ops;
+
+use crate::config::ConfigError;
+use crate::st::StError;
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Checkpoint(#[from] StError),
+    #[error("weights: {0}")]
+    Weights(String),
+    #[error(transparent)]
+    Source(#[from] colibri_actors::SourceError),
+}

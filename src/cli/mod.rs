@@ -1,0 +1,140 @@
+//! The `coli` command line (CONTRACTS.md section 1).
+
+pub mod run;
+pub mod validate;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::engine::EngineOptions;
+
+/// colibri: Mixture-of-Experts inference that streams experts from disk.
+#[derive(Debug, Parser)]
+#[command(name = "coli", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate from a prompt.
+    Run(run::RunArgs),
+    /// Compare greedy / teacher-forced predictions with a transformers oracle.
+    Validate(validate::ValidateArgs),
+}
+
+/// Where the model is: `--model`, else `$COLI_MODEL`, else the bundled model.
+#[derive(Debug, Args, Clone)]
+pub struct ModelArg {
+    /// Model directory (HF checkpoint or colibri container).
+    #[arg(long, env = "COLI_MODEL")]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelArg {
+    pub fn resolve(&self) -> anyhow::Result<PathBuf> {
+        if let Some(m) = &self.model {
+            return Ok(m.clone());
+        }
+        let bundled = bundled_model_dir();
+        if bundled.join("config.json").is_file() {
+            Ok(bundled)
+        } else {
+            anyhow::bail!(
+                "no model given: pass --model DIR or set COLI_MODEL (no bundled model at {})",
+                bundled.display()
+            )
+        }
+    }
+}
+
+/// The small trained model shipped in the repository.
+pub fn bundled_model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join("colibri-tiny")
+}
+
+/// Options every engine command accepts.
+#[derive(Debug, Args, Clone)]
+pub struct EngineArgs {
+    /// Bits for full-precision routed experts: >=16 f32, 5..8 int8, 3..4 int4, 2 int2.
+    #[arg(long, default_value_t = 32)]
+    pub expert_bits: u32,
+    /// Bits for full-precision dense matrices.
+    #[arg(long, default_value_t = 32)]
+    pub dense_bits: u32,
+    /// Experts kept resident per layer.
+    #[arg(long)]
+    pub cache_cap: Option<usize>,
+    /// Memory budget in GB for the expert cache (default: from MemAvailable).
+    #[arg(long)]
+    pub ram_gb: Option<f64>,
+    /// Pilot prefetcher (predicts the next layer's experts).
+    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    pub pilot: bool,
+    /// Experts the pilot prefetches per layer (default: the model's top-k).
+    #[arg(long)]
+    pub pilot_k: Option<usize>,
+    /// Disk I/O worker threads.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub io_workers: u64,
+    /// Read experts with O_DIRECT (falls back where the filesystem refuses).
+    #[arg(long)]
+    pub direct: bool,
+    /// Read experts through mmap instead of pread.
+    #[arg(long)]
+    pub mmap: bool,
+    /// Simulated disk, e.g. `bw=200MB/s,lat=2ms,jitter=1ms,fail=0.01,seed=1`.
+    #[arg(long)]
+    pub disk_sim: Option<String>,
+    /// Strict no-overlap mode (loads and compute in sequence), for comparison.
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Print where decode time went (disk wait, compute, other) after the run.
+    #[arg(long)]
+    pub profile: bool,
+    /// Write a Chrome trace (open in Perfetto) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
+}
+
+impl EngineArgs {
+    pub fn options(&self) -> EngineOptions {
+        EngineOptions {
+            expert_bits: self.expert_bits,
+            dense_bits: self.dense_bits,
+            cache_cap: self.cache_cap,
+            ram_gb: self.ram_gb,
+            pilot: self.pilot,
+            pilot_k: self.pilot_k,
+            io_workers: self.io_workers as usize,
+            direct: self.direct,
+            mmap: self.mmap,
+            disk_sim: self.disk_sim.clone(),
+            overlap: !self.no_overlap,
+        }
+    }
+}
+
+/// Parses `1,2,3` (spaces allowed) into token ids.
+pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
+    s.split([',', ' '])
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            p.trim()
+                .parse::<u32>()
+                .map_err(|e| anyhow::anyhow!("--prompt-ids: {p:?} is not a token id ({e})"))
+        })
+        .collect()
+}

@@ -1,0 +1,117 @@
+//! `coli run`: generate from a prompt.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::{EngineArgs, ModelArg, parse_ids};
+use crate::engine::Engine;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::StreamDecoder;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Prompt text (needs tokenizer.json in the model directory).
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 = no top-k cut.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print the generated token ids on one line instead of text.
+    #[arg(long)]
+    pub ids: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        anyhow::bail!(
+            "--temperature must be a finite number >= 0, got {}",
+            args.temperature
+        );
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        anyhow::bail!("--top-p must be in (0, 1], got {}", args.top_p);
+    }
+    let dir = args.model.resolve()?;
+    let mut engine =
+        Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
+    let prompt = match (&args.prompt, &args.prompt_ids) {
+        (_, Some(ids)) => parse_ids(ids)?,
+        (Some(text), None) => engine.tokenizer()?.encode(text)?,
+        (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
+    };
+    if prompt.is_empty() {
+        anyhow::bail!("the prompt is empty");
+    }
+    let mut session = engine.new_session();
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        seed: args.seed,
+    });
+    let text_mode = !args.ids;
+    if text_mode {
+        engine.tokenizer()?;
+    }
+    let mut out = std::io::stdout().lock();
+    let mut stream = StreamDecoder::new();
+    let mut io_err: Option<anyhow::Error> = None;
+    let tok_for_stream = if text_mode { engine.tokenizer.take() } else { None };
+    let stats = session.generate(&mut engine, &prompt, args.max_tokens, &mut sampler, &mut |id| {
+        if let Some(tok) = &tok_for_stream {
+            match stream.push(tok, id) {
+                Ok(piece) => {
+                    if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
+                        io_err = Some(e.into());
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    io_err = Some(e.into());
+                    return false;
+                }
+            }
+        }
+        true
+    })?;
+    engine.tokenizer = tok_for_stream;
+    if let Some(e) = io_err {
+        return Err(e);
+    }
+    if args.ids {
+        let line: Vec<String> = stats.generated.iter().map(|t| t.to_string()).collect();
+        writeln!(out, "{}", line.join(" "))?;
+    } else {
+        writeln!(out)?;
+    }
+    let s = engine.stats();
+    eprintln!(
+        "prompt {} tok, prefill {:.2}s; generated {} tok in {:.2}s ({:.2} tok/s); expert hit rate {:.1}%, {:.1} MB read",
+        stats.prompt_tokens,
+        stats.prefill_secs,
+        stats.generated.len(),
+        stats.decode_secs,
+        stats.decode_tok_per_s(),
+        s.hit_rate() * 100.0,
+        s.bytes_read as f64 / 1e6
+    );
+    Ok(())
+}

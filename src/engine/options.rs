@@ -1,0 +1,38 @@
+//! Engine options shared by every command (CONTRACTS.md section 1).
+
+/// How the engine places and runs a model. None of these may change the
+/// generated tokens, only speed and memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineOptions {
+    /// Bits for full-precision routed experts (>=16 f32, 5..8 int8, 3..4 int4, 2 int2).
+    pub expert_bits: u32,
+    /// Bits for full-precision dense matrices.
+    pub dense_bits: u32,
+    pub cache_cap: Option<usize>,
+    pub ram_gb: Option<f64>,
+    pub pilot: bool,
+    pub pilot_k: Option<usize>,
+    pub io_workers: usize,
+    pub direct: bool,
+    pub mmap: bool,
+    pub disk_sim: Option<String>,
+    pub overlap: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            expert_bits: 32,
+            dense_bits: 32,
+            cache_cap: None,
+            ram_gb: None,
+            pilot: true,
+            pilot_k: None,
+            io_workers: 4,
+            direct: false,
+            mmap: false,
+            disk_sim: None,
+            overlap: true,
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! A routed SwiGLU expert as compute sees it, and how its bytes become one.
+
+use std::sync::Arc;
+
+use colibri_actors::{AlignedBuf, ExpertDecoder, ExpertKey};
+use safetensors::Dtype;
+
+use crate::quant::{ByteStore, QFormat, QMatrix};
+use crate::st;
+
+/// gate / up / down projections of one expert.
+#[derive(Debug)]
+pub struct ExpertWeights {
+    pub gate: QMatrix,
+    pub up: QMatrix,
+    pub down: QMatrix,
+}
+
+impl ExpertWeights {
+    /// `down(silu(gate x) * up x)` for `n` tokens (`x` is `[n, hidden]`),
+    /// written to `out` (`[n, hidden]`).
+    pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        let inter = self.gate.rows();
+        let mut g = vec![0f32; n * inter];
+        let mut u = vec![0f32; n * inter];
+        self.gate.matmul(x, n, &mut g);
+        self.up.matmul(x, n, &mut u);
+        for (gv, uv) in g.iter_mut().zip(&u) {
+            *gv = crate::model::ops::silu(*gv) * uv;
+        }
+        self.down.matmul(&g, n, out);
+    }
+
+    pub fn resident_bytes(&self) -> usize {
+        self.gate.resident_bytes() + self.up.resident_bytes() + self.down.resident_bytes()
+    }
+}
+
+/// Where one of an expert's matrices sits among the pieces of its extent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatrixSlot {
+    pub dtype: Dtype,
+    pub rows: usize,
+    pub cols: usize,
+    /// Piece index and byte length of the weights.
+    pub data: (usize, usize),
+    /// Piece index and byte length of the `.qs` scales of a quantized matrix.
+    pub scales: Option<(usize, usize)>,
+}
+
+/// The piece layout shared by every expert of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpertLayout {
+    pub gate: MatrixSlot,
+    pub up: MatrixSlot,
+    pub down: MatrixSlot,
+}
+
+/// Decodes expert bytes delivered by the runtime: quantized tensors point
+/// into the delivered buffer (no copy); full-precision ones are converted and
+/// quantized to the requested expert format.
+pub struct ExpertCodec {
+    pub layout: ExpertLayout,
+    pub want: QFormat,
+}
+
+impl ExpertCodec {
+    fn matrix(
+        &self,
+        slot: &MatrixSlot,
+        buf: &Arc<AlignedBuf>,
+        piece_at: &[usize],
+    ) -> Result<QMatrix, String> {
+        let store = |(i, len): (usize, usize)| {
+            let start = *piece_at.get(i).ok_or_else(|| format!("piece {i} missing"))?;
+            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = buf.clone();
+            ByteStore::slice_of(owner, start, len).ok_or_else(|| format!("piece {i} runs past the buffer"))
+        };
+        let data = store(slot.data)?;
+        let scales = match slot.scales {
+            Some(p) => Some(st::decode_f32(Dtype::F32, store(p)?.as_slice()).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        st::matrix_from_bytes(
+            "expert", slot.dtype, slot.rows, slot.cols, data, scales, self.want,
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+impl ExpertDecoder<ExpertWeights> for ExpertCodec {
+    fn decode(&self, _key: ExpertKey, buf: AlignedBuf, piece_at: &[usize]) -> Result<ExpertWeights, String> {
+        let buf = Arc::new(buf);
+        let l = &self.layout;
+        Ok(ExpertWeights {
+            gate: self
+                .matrix(&l.gate, &buf, piece_at)
+                .map_err(|e| format!("gate_proj: {e}"))?,
+            up: self
+                .matrix(&l.up, &buf, piece_at)
+                .map_err(|e| format!("up_proj: {e}"))?,
+            down: self
+                .matrix(&l.down, &buf, piece_at)
+                .map_err(|e| format!("down_proj: {e}"))?,
+        })
+    }
+
+    fn resident_bytes(&self, value: &ExpertWeights) -> usize {
+        value.resident_bytes()
+    }
+}

@@ -1,0 +1,175 @@
+//! The OLMoE forward pass: prefill of many tokens in one batched pass, or one
+//! decode step, with routed experts fetched through an [`ExpertSource`].
+
+use std::sync::Arc;
+
+use colibri_actors::{ExpertSource, SourceError, Tag};
+
+use super::attention::attend;
+use super::moe::{Routing, moe_block};
+use super::weights::DenseWeights;
+use crate::config::OlmoeConfig;
+use crate::model::expert::ExpertWeights;
+use crate::model::kv_cache::KvCache;
+use crate::model::ops::{Rope, rms_norm};
+
+/// Which positions' logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every new token's, row-major `[n, vocab]` (teacher forcing).
+    All,
+    /// None (prefill of a prompt whose continuation is already known).
+    None,
+}
+
+/// Why a forward pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("token id {id} at position {pos} is outside the vocabulary ({vocab})")]
+    Token { id: u32, pos: usize, vocab: usize },
+    #[error("context full: {have} + {add} positions exceed {max}")]
+    Context { have: usize, add: usize, max: usize },
+    #[error(transparent)]
+    Expert(#[from] SourceError),
+}
+
+/// An OLMoE model ready to run: resident weights plus a source of experts.
+pub struct Olmoe {
+    pub cfg: OlmoeConfig,
+    pub weights: Arc<DenseWeights>,
+    pub source: Arc<dyn ExpertSource<ExpertWeights>>,
+    rope: Rope,
+    /// Routing decisions of the last forward (per layer, per token), kept
+    /// for statistics and tests.
+    pub last_routing: Vec<Vec<Routing>>,
+}
+
+impl Olmoe {
+    pub fn new(
+        cfg: OlmoeConfig,
+        weights: Arc<DenseWeights>,
+        source: Arc<dyn ExpertSource<ExpertWeights>>,
+    ) -> Self {
+        let rope = Rope::new(cfg.head_dim(), cfg.rope_theta());
+        Self {
+            cfg,
+            weights,
+            source,
+            rope,
+            last_routing: Vec::new(),
+        }
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(
+            self.cfg.num_hidden_layers,
+            self.cfg.kv_heads() * self.cfg.head_dim(),
+        )
+    }
+
+    /// Runs `tokens` through the model after the positions already in `kv`,
+    /// appending their K/V. `tag` names the token step (its layer is ignored).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        tag: Tag,
+        logits: Logits,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let cfg = &self.cfg;
+        let w = &self.weights;
+        let n = tokens.len();
+        let hidden = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps as f32;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if kv.len() + n > cfg.max_position_embeddings {
+            return Err(ForwardError::Context {
+                have: kv.len(),
+                add: n,
+                max: cfg.max_position_embeddings,
+            });
+        }
+        let mut x = vec![0f32; n * hidden];
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= cfg.vocab_size {
+                return Err(ForwardError::Token {
+                    id,
+                    pos: kv.len() + t,
+                    vocab: cfg.vocab_size,
+                });
+            }
+            w.embed
+                .dequantize_row(id as usize, &mut x[t * hidden..(t + 1) * hidden]);
+        }
+        self.source.advance(tag.at_layer(0));
+        let mut routing = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut xn = vec![0f32; n * hidden];
+        for (l, lw) in w.layers.iter().enumerate() {
+            let _span = tracing::trace_span!("layer", l).entered();
+            for t in 0..n {
+                rms_norm(
+                    &x[t * hidden..(t + 1) * hidden],
+                    &lw.input_norm,
+                    eps,
+                    &mut xn[t * hidden..(t + 1) * hidden],
+                );
+            }
+            let attn = {
+                let _s = tracing::trace_span!("attention", layer = l).entered();
+                attend(cfg, lw, &self.rope, l, &xn, n, kv)
+            };
+            for (a, b) in x.iter_mut().zip(&attn) {
+                *a += b;
+            }
+            // Offer the residual of the last token to the pilot of layer l+1.
+            if l + 1 < cfg.num_hidden_layers {
+                self.source
+                    .pilot(tag.at_layer(l as u32 + 1), &x[(n - 1) * hidden..n * hidden]);
+            }
+            for t in 0..n {
+                rms_norm(
+                    &x[t * hidden..(t + 1) * hidden],
+                    &lw.post_norm,
+                    eps,
+                    &mut xn[t * hidden..(t + 1) * hidden],
+                );
+            }
+            let routes = moe_block(
+                cfg,
+                lw,
+                self.source.as_ref(),
+                tag.at_layer(l as u32),
+                &xn,
+                n,
+                &mut x,
+            )?;
+            routing.push(routes);
+        }
+        kv.commit(n);
+        self.last_routing = routing;
+
+        let _s = tracing::trace_span!("lm_head").entered();
+        let rows: Vec<usize> = match logits {
+            Logits::None => return Ok(Vec::new()),
+            Logits::Last => vec![n - 1],
+            Logits::All => (0..n).collect(),
+        };
+        let vocab = cfg.vocab_size;
+        let mut xs = vec![0f32; rows.len() * hidden];
+        for (i, &t) in rows.iter().enumerate() {
+            rms_norm(
+                &x[t * hidden..(t + 1) * hidden],
+                &w.final_norm,
+                eps,
+                &mut xs[i * hidden..(i + 1) * hidden],
+            );
+        }
+        let mut out = vec![0f32; rows.len() * vocab];
+        w.lm_head.matmul(&xs, rows.len(), &mut out);
+        Ok(out)
+    }
+}

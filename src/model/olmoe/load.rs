@@ -1,0 +1,153 @@
+//! Building an OLMoE model from a checkpoint or container: the dense weights
+//! are loaded (and quantized) once; the routed experts become an expert map of
+//! byte ranges for the runtime.
+
+use std::sync::Arc;
+
+use colibri_actors::{ExpertExtent, ExpertKey, ExpertMap};
+
+use super::weights::{DenseWeights, LayerWeights};
+use crate::config::OlmoeConfig;
+use crate::model::ModelError;
+use crate::model::expert::{ExpertCodec, ExpertLayout, MatrixSlot};
+use crate::quant::{QFormat, QMatrix};
+use crate::st::{Checkpoint, SCALE_SUFFIX};
+
+/// Precision choices for full-precision tensors (stored quantized tensors
+/// keep their format).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    pub expert_format: QFormat,
+    pub dense_format: QFormat,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            expert_format: QFormat::F32,
+            dense_format: QFormat::F32,
+        }
+    }
+}
+
+fn layer_name(l: usize, rest: &str) -> String {
+    format!("model.layers.{l}.{rest}")
+}
+
+/// Loads every resident tensor, checking names, shapes and formats.
+pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Result<DenseWeights, ModelError> {
+    let h = cfg.hidden_size;
+    let hd = cfg.head_dim();
+    let q_dim = cfg.num_attention_heads * hd;
+    let kv_dim = cfg.kv_heads() * hd;
+    let dense = opts.dense_format;
+    let vec = |name: &str, n: usize| ck.f32_tensor(name, &[n]);
+    let mat = |name: &str, rows: usize, cols: usize, f: QFormat| ck.matrix(name, rows, cols, f);
+
+    let embed = Arc::new(mat("model.embed_tokens.weight", cfg.vocab_size, h, dense)?);
+    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    for l in 0..cfg.num_hidden_layers {
+        let n = |rest: &str| layer_name(l, rest);
+        layers.push(LayerWeights {
+            input_norm: vec(&n("input_layernorm.weight"), h)?,
+            q: mat(&n("self_attn.q_proj.weight"), q_dim, h, dense)?,
+            k: mat(&n("self_attn.k_proj.weight"), kv_dim, h, dense)?,
+            v: mat(&n("self_attn.v_proj.weight"), kv_dim, h, dense)?,
+            o: mat(&n("self_attn.o_proj.weight"), h, q_dim, dense)?,
+            q_norm: vec(&n("self_attn.q_norm.weight"), q_dim)?,
+            k_norm: vec(&n("self_attn.k_norm.weight"), kv_dim)?,
+            post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
+            router: QMatrix::from_f32(
+                cfg.num_experts,
+                h,
+                ck.f32_tensor(&n("mlp.gate.weight"), &[cfg.num_experts, h])?,
+            )
+            .map_err(|e| ModelError::Weights(format!("{}: {e}", n("mlp.gate.weight"))))?,
+        });
+    }
+    let final_norm = vec("model.norm.weight", h)?;
+    let lm_head = if ck.has("lm_head.weight") {
+        Arc::new(mat("lm_head.weight", cfg.vocab_size, h, dense)?)
+    } else if cfg.tie_word_embeddings {
+        embed.clone()
+    } else {
+        return Err(ModelError::Weights(
+            "lm_head.weight is missing and tie_word_embeddings is false".into(),
+        ));
+    };
+    Ok(DenseWeights {
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
+
+fn expert_name(l: usize, e: usize, proj: &str) -> String {
+    format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")
+}
+
+/// The byte ranges of every routed expert, and the codec that decodes them.
+/// Every expert must share one layout (dtypes and sizes), which is checked.
+pub fn expert_map(
+    cfg: &OlmoeConfig,
+    ck: &Checkpoint,
+    opts: LoadOptions,
+) -> Result<(ExpertMap, ExpertCodec), ModelError> {
+    let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let mut map = ExpertMap::new(ck.files().to_vec(), cfg.num_hidden_layers, cfg.num_experts);
+    let mut layout: Option<ExpertLayout> = None;
+    for l in 0..cfg.num_hidden_layers {
+        for e in 0..cfg.num_experts {
+            let mut pieces = Vec::with_capacity(6);
+            let mut slot = |proj: &str, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
+                let name = expert_name(l, e, proj);
+                let meta = ck.info(&name)?;
+                let data = (pieces.len(), meta.len as usize);
+                pieces.push(ck.piece(&name)?);
+                let qs = format!("{name}{SCALE_SUFFIX}");
+                let scales = if ck.has(&qs) {
+                    let m = ck.info(&qs)?;
+                    let s = (pieces.len(), m.len as usize);
+                    pieces.push(ck.piece(&qs)?);
+                    Some(s)
+                } else {
+                    None
+                };
+                Ok(MatrixSlot {
+                    dtype: meta.dtype,
+                    rows,
+                    cols,
+                    data,
+                    scales,
+                })
+            };
+            let this = ExpertLayout {
+                gate: slot("gate_proj", inter, h)?,
+                up: slot("up_proj", inter, h)?,
+                down: slot("down_proj", h, inter)?,
+            };
+            match &layout {
+                None => layout = Some(this),
+                Some(first) if *first != this => {
+                    return Err(ModelError::Weights(format!(
+                        "expert {} is stored differently from expert L0/E0 ({this:?} vs {first:?})",
+                        ExpertKey::new(l as u32, e as u32)
+                    )));
+                }
+                Some(_) => {}
+            }
+            map.set_extent(ExpertKey::new(l as u32, e as u32), ExpertExtent { pieces })
+                .map_err(|err| ModelError::Weights(err.to_string()))?;
+        }
+    }
+    let layout = layout.ok_or_else(|| ModelError::Weights("the model has no routed experts".into()))?;
+    // Decode one expert up front so a bad layout fails at load, not mid-run.
+    Ok((
+        map,
+        ExpertCodec {
+            layout,
+            want: opts.expert_format,
+        },
+    ))
+}

@@ -1,0 +1,14 @@
+//! OLMoE (allenai/OLMoE-1B-7B family): pre-norm decoder layers with q/k
+//! RMSNorm, rotate-half RoPE, and a softmax-routed top-k MoE of SwiGLU experts.
+
+mod attention;
+mod forward;
+mod load;
+mod moe;
+mod predictor;
+mod weights;
+
+pub use forward::{ForwardError, Logits, Olmoe};
+pub use load::{LoadOptions, expert_map, load_dense};
+pub use predictor::OlmoePredictor;
+pub use weights::{DenseWeights, LayerWeights};

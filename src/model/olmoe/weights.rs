@@ -1,0 +1,53 @@
+//! The resident (dense) weights of an OLMoE model.
+
+use std::sync::Arc;
+
+use crate::quant::QMatrix;
+
+/// Attention, norms and router of one decoder layer (experts are streamed).
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub input_norm: Vec<f32>,
+    pub q: QMatrix,
+    pub k: QMatrix,
+    pub v: QMatrix,
+    pub o: QMatrix,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    /// Router `[num_experts, hidden]`, always f32 (routing decides which
+    /// weights are read; quantizing it would change the routing).
+    pub router: QMatrix,
+}
+
+/// Everything that stays in memory for the whole run.
+#[derive(Debug)]
+pub struct DenseWeights {
+    pub embed: Arc<QMatrix>,
+    pub layers: Vec<LayerWeights>,
+    pub final_norm: Vec<f32>,
+    /// The output projection; the same matrix as `embed` when tied.
+    pub lm_head: Arc<QMatrix>,
+}
+
+impl DenseWeights {
+    pub fn resident_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.router]
+                    .iter()
+                    .map(|m| m.resident_bytes())
+                    .sum::<usize>()
+                    + (l.input_norm.len() + l.q_norm.len() + l.k_norm.len() + l.post_norm.len()) * 4
+            })
+            .sum();
+        let head = if Arc::ptr_eq(&self.embed, &self.lm_head) {
+            0
+        } else {
+            self.lm_head.resident_bytes()
+        };
+        self.embed.resident_bytes() + head + layers + self.final_norm.len() * 4
+    }
+}

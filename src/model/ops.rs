@@ -1,0 +1,139 @@
+//! Element-wise and small reductions shared by model families, written to
+//! follow transformers' float32 arithmetic closely (same formulas, same order
+//! where it matters) so greedy tokens match the oracle.
+
+/// RMSNorm: `x / sqrt(mean(x²) + eps) * weight`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = w * (v * inv);
+    }
+}
+
+/// In-place RMSNorm.
+pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = w * (*v * inv);
+    }
+}
+
+/// Numerically stable softmax in place.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SiLU(x) = x · sigmoid(x).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Indices of the `k` largest values, largest first; ties go to the lower
+/// index (stable, so routing never depends on anything but the scores).
+pub fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// Index of the largest value (first on ties).
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Rotary embedding tables for the "default" rope type, computed as
+/// transformers does: `inv_freq = 1 / theta^(2i/d)` in f32, angle =
+/// `pos · inv_freq` in f32.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f64) -> Self {
+        let half = head_dim / 2;
+        let inv_freq = (0..half)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / head_dim as f32;
+                1.0 / (theta as f32).powf(exponent)
+            })
+            .collect();
+        Self { inv_freq }
+    }
+
+    /// Rotates one head vector in place (rotate-half convention: pairs
+    /// `(i, i + d/2)`), for position `pos`.
+    pub fn apply_half(&self, v: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        for i in 0..half {
+            let angle = pos as f32 * self.inv_freq[i];
+            let (s, c) = angle.sin_cos();
+            let (a, b) = (v[i], v[i + half]);
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+
+    /// Rotates one head vector in place with the interleaved convention
+    /// (pairs `(2i, 2i+1)`), used by MLA models.
+    pub fn apply_interleaved(&self, v: &mut [f32], pos: usize) {
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let angle = pos as f32 * f;
+            let (s, c) = angle.sin_cos();
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            v[2 * i] = a * c - b * s;
+            v[2 * i + 1] = b * c + a * s;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_is_stable_on_ties() {
+        assert_eq!(top_k(&[0.1, 0.5, 0.5, 0.2], 2), vec![1, 2]);
+        assert_eq!(top_k(&[0.3, 0.1, 0.9], 1), vec![2]);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0, -1000.0];
+        softmax_inplace(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[3] == 0.0);
+    }
+
+    #[test]
+    fn rope_at_zero_is_identity_and_preserves_norm() {
+        let r = Rope::new(8, 10000.0);
+        let mut v: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+        let orig = v.clone();
+        r.apply_half(&mut v, 0);
+        assert_eq!(v, orig);
+        r.apply_half(&mut v, 17);
+        let n0: f32 = orig.iter().map(|x| x * x).sum();
+        let n1: f32 = v.iter().map(|x| x * x).sum();
+        assert!((n0 - n1).abs() < 1e-3);
+    }
+}
