@@ -9,11 +9,19 @@
 //! into a temporary directory renamed into place at the very end, so an
 //! interrupted conversion never leaves something that loads.
 
+mod plan;
+mod writer;
+
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use crate::config::ConfigError;
-use crate::quant::{QFormat, QuantError};
-use crate::st::StError;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::config::{ConfigError, OlmoeConfig};
+use crate::quant::{QFormat, QuantError, quantize_matrix};
+use crate::st::{Checkpoint, StError, decode_f32};
+
+pub use writer::ALIGN;
 
 /// Why a conversion failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +88,9 @@ pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
 }
 
 /// Converts the OLMoE checkpoint in `input` into a container at `output`
-/// (a directory that must not exist yet, or be empty).
+/// (a directory that must not exist yet, or be empty). The work happens in
+/// `<output>.tmp-<pid>`, renamed to `output` only once complete; on error
+/// the temporary directory is removed.
 pub fn convert(
     input: &Path,
     output: &Path,
@@ -88,6 +98,213 @@ pub fn convert(
     dense: QFormat,
     progress: bool,
 ) -> Result<ConvertReport, ConvertError> {
-    let _ = (input, output, experts, dense, progress);
-    Err(ConvertError::Format("convert: not implemented yet".into()))
+    let cfg = OlmoeConfig::load(input)?;
+    let ck = Checkpoint::open(input)?;
+    let jobs = plan::plan(&ck, &cfg, experts, dense)?;
+    prepare_output(output)?;
+    let mut tmp_name = output.as_os_str().to_os_string();
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp_name);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|source| ConvertError::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+    }
+    let result = write_all(&ck, input, &tmp, &jobs, experts, dense, progress).and_then(|bytes| {
+        std::fs::rename(&tmp, output).map_err(|source| ConvertError::Io {
+            path: output.to_path_buf(),
+            source,
+        })?;
+        Ok(bytes)
+    });
+    match result {
+        Ok(bytes) => Ok(ConvertReport {
+            output: output.to_path_buf(),
+            tensors: jobs.len(),
+            experts: cfg.num_hidden_layers * cfg.num_experts,
+            bytes,
+            experts_format: experts,
+            dense_format: dense,
+        }),
+        Err(e) => {
+            // Best effort: the error being reported matters more than a
+            // failure to clean up (the name never loads as `output`).
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// An existing empty output directory is replaced; anything else existing
+/// is refused.
+fn prepare_output(output: &Path) -> Result<(), ConvertError> {
+    let io = |source| ConvertError::Io {
+        path: output.to_path_buf(),
+        source,
+    };
+    match std::fs::symlink_metadata(output) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(e)),
+        Ok(m) if m.is_dir() => {
+            if std::fs::read_dir(output).map_err(io)?.next().is_some() {
+                Err(ConvertError::OutputExists(output.to_path_buf()))
+            } else {
+                std::fs::remove_dir(output).map_err(io)
+            }
+        }
+        Ok(_) => Err(ConvertError::OutputExists(output.to_path_buf())),
+    }
+}
+
+/// Files copied next to the container when the input has them.
+const SIDE_FILES: [&str; 6] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "REF.json",
+];
+
+fn write_all(
+    ck: &Checkpoint,
+    input: &Path,
+    tmp: &Path,
+    jobs: &[plan::Job],
+    experts: QFormat,
+    dense: QFormat,
+    progress: bool,
+) -> Result<u64, ConvertError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ConvertError::Io { path, source }
+    };
+    std::fs::create_dir_all(tmp).map_err(io(tmp))?;
+    for name in SIDE_FILES {
+        let src = input.join(name);
+        if src.is_file() {
+            std::fs::copy(&src, tmp.join(name)).map_err(io(&src))?;
+        }
+    }
+    let path = tmp.join("model.safetensors");
+    let meta = [
+        ("format", "colibri".to_string()),
+        ("experts", experts.to_string()),
+        ("dense", dense.to_string()),
+    ];
+    let lay = writer::layout(jobs, &meta);
+    let total = lay.header.len() as u64 + lay.data_len;
+    let bar = progress_bar(progress, total);
+    let file = std::fs::File::create(&path).map_err(io(&path))?;
+    let mut w = writer::Counting {
+        inner: std::io::BufWriter::with_capacity(8 << 20, file),
+        written: 0,
+    };
+    w.write_all(&lay.header).map_err(io(&path))?;
+    for (job, &pad) in jobs.iter().zip(&lay.pad_before) {
+        writer::write_zeros(&mut w, pad).map_err(io(&path))?;
+        let before = w.written;
+        write_job(ck, job, &mut w).map_err(|e| match e {
+            JobError::Io(source) => ConvertError::Io {
+                path: path.clone(),
+                source,
+            },
+            JobError::Other(e) => e,
+        })?;
+        let want: u64 = job.entries().iter().map(|e| e.len).sum();
+        if w.written - before != want {
+            return Err(ConvertError::Input {
+                path: ck.dir().to_path_buf(),
+                tensor: job.name.clone(),
+                reason: format!("wrote {} bytes, layout expected {want}", w.written - before),
+            });
+        }
+        bar.set_position(w.written);
+    }
+    let file = w.inner.into_inner().map_err(|e| ConvertError::Io {
+        path: path.clone(),
+        source: e.into_error(),
+    })?;
+    file.sync_all().map_err(io(&path))?;
+    bar.finish_and_clear();
+    Ok(total)
+}
+
+enum JobError {
+    Io(std::io::Error),
+    Other(ConvertError),
+}
+
+impl From<std::io::Error> for JobError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+impl From<ConvertError> for JobError {
+    fn from(e: ConvertError) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl From<StError> for JobError {
+    fn from(e: StError) -> Self {
+        Self::Other(e.into())
+    }
+}
+
+/// Produces one job's bytes (a single tensor's values in memory at a time).
+fn write_job<W: Write>(ck: &Checkpoint, job: &plan::Job, w: &mut W) -> Result<(), JobError> {
+    let src = &job.source;
+    let size = plan::dtype_bytes(src.dtype) as usize;
+    let all = ck.bytes(&src.tensor)?;
+    let bad = |reason: String| ConvertError::Input {
+        path: ck.dir().to_path_buf(),
+        tensor: job.name.clone(),
+        reason,
+    };
+    let bytes = src
+        .elem_start
+        .checked_mul(size)
+        .and_then(|a| Some(a..a.checked_add(src.elems.checked_mul(size)?)?))
+        .and_then(|r| all.get(r))
+        .ok_or_else(|| bad(format!("source range lies outside tensor {:?}", src.tensor)))?;
+    match job.kind {
+        plan::Kind::Raw => w.write_all(bytes)?,
+        plan::Kind::F32 => {
+            let v = decode_f32(src.dtype, bytes)?;
+            writer::write_f32s(w, &v)?;
+        }
+        plan::Kind::Quant(f) => {
+            let v = decode_f32(src.dtype, bytes)?;
+            if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(bad(format!("value {i} is {x}; refusing to quantize non-finite weights")).into());
+            }
+            let (rows, cols) = (job.shape[0], job.shape[1]);
+            let (q, scales) = quantize_matrix(rows, cols, &v, f).map_err(|source| ConvertError::Quant {
+                tensor: job.name.clone(),
+                source,
+            })?;
+            drop(v);
+            w.write_all(&q)?;
+            writer::write_f32s(w, &scales)?;
+        }
+    }
+    Ok(())
+}
+
+/// A byte-count progress bar on stderr, hidden unless asked for and stderr
+/// is a terminal.
+fn progress_bar(progress: bool, total: u64) -> ProgressBar {
+    if !progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("converting {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+    {
+        bar.set_style(style);
+    }
+    bar
 }
