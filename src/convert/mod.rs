@@ -1,1 +1,310 @@
-//! `coli convert`: HF checkpoint to streaming container.
+//! `coli convert`: a Hugging Face OLMoE checkpoint to a streaming container.
+//!
+//! The container is one `model.safetensors` (readable by any safetensors
+//! reader) laid out for streaming: dense tensors first, then every routed
+//! expert (layer-major, expert-minor) with its tensors adjacent and its first
+//! byte 4096-aligned, so one read fetches a whole expert. Alignment gaps are
+//! filled with `__pad__.N` U8 tensors, because safetensors forbids holes.
+//! The file is written by a streaming writer (one tensor in memory at a time)
+//! into a temporary directory renamed into place at the very end, so an
+//! interrupted conversion never leaves something that loads.
+
+mod plan;
+mod writer;
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::config::{ConfigError, OlmoeConfig};
+use crate::quant::{QFormat, QuantError, quantize_matrix};
+use crate::st::{Checkpoint, StError, decode_f32};
+
+pub use writer::ALIGN;
+
+/// Why a conversion failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Checkpoint(#[from] StError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unknown format {0:?} (use f32, int8, int4, int4-g64 or int2)")]
+    Format(String),
+    #[error("{0} already exists; refusing to overwrite it")]
+    OutputExists(PathBuf),
+    #[error("{path}: tensor {tensor:?}: {reason}")]
+    Input {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    #[error("tensor {tensor:?}: {source}")]
+    Quant {
+        tensor: String,
+        #[source]
+        source: QuantError,
+    },
+}
+
+/// What a conversion wrote.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvertReport {
+    pub output: PathBuf,
+    /// Logical tensors written (a quantized tensor and its scales count once).
+    pub tensors: usize,
+    pub experts: usize,
+    /// Size of the written `model.safetensors`.
+    pub bytes: u64,
+    pub experts_format: QFormat,
+    pub dense_format: QFormat,
+}
+
+/// Parses a `--experts` / `--dense` value: f32, int8, int4, int4-gN
+/// (N in 16..=256; int4-g64 is the documented one) or int2.
+pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
+    let bad = || ConvertError::Format(s.to_string());
+    match s {
+        "f32" => Ok(QFormat::F32),
+        "int8" => Ok(QFormat::Int8),
+        "int4" => Ok(QFormat::Int4),
+        "int2" => Ok(QFormat::Int2),
+        _ => {
+            let g: usize = s.strip_prefix("int4-g").ok_or_else(bad)?.parse().map_err(|_| bad())?;
+            if (16..=256).contains(&g) {
+                Ok(QFormat::Int4Grouped { group: g })
+            } else {
+                Err(bad())
+            }
+        }
+    }
+}
+
+/// Converts the OLMoE checkpoint in `input` into a container at `output`
+/// (a directory that must not exist yet, or be empty). The work happens in
+/// `<output>.tmp-<pid>`, renamed to `output` only once complete; on error
+/// the temporary directory is removed.
+pub fn convert(
+    input: &Path,
+    output: &Path,
+    experts: QFormat,
+    dense: QFormat,
+    progress: bool,
+) -> Result<ConvertReport, ConvertError> {
+    let cfg = OlmoeConfig::load(input)?;
+    let ck = Checkpoint::open(input)?;
+    let jobs = plan::plan(&ck, &cfg, experts, dense)?;
+    prepare_output(output)?;
+    let mut tmp_name = output.as_os_str().to_os_string();
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp_name);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|source| ConvertError::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+    }
+    let result = write_all(&ck, input, &tmp, &jobs, experts, dense, progress).and_then(|bytes| {
+        std::fs::rename(&tmp, output).map_err(|source| ConvertError::Io {
+            path: output.to_path_buf(),
+            source,
+        })?;
+        Ok(bytes)
+    });
+    match result {
+        Ok(bytes) => Ok(ConvertReport {
+            output: output.to_path_buf(),
+            tensors: jobs.len(),
+            experts: cfg.num_hidden_layers * cfg.num_experts,
+            bytes,
+            experts_format: experts,
+            dense_format: dense,
+        }),
+        Err(e) => {
+            // Best effort: the error being reported matters more than a
+            // failure to clean up (the name never loads as `output`).
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// An existing empty output directory is replaced; anything else existing
+/// is refused.
+fn prepare_output(output: &Path) -> Result<(), ConvertError> {
+    let io = |source| ConvertError::Io {
+        path: output.to_path_buf(),
+        source,
+    };
+    match std::fs::symlink_metadata(output) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(e)),
+        Ok(m) if m.is_dir() => {
+            if std::fs::read_dir(output).map_err(io)?.next().is_some() {
+                Err(ConvertError::OutputExists(output.to_path_buf()))
+            } else {
+                std::fs::remove_dir(output).map_err(io)
+            }
+        }
+        Ok(_) => Err(ConvertError::OutputExists(output.to_path_buf())),
+    }
+}
+
+/// Files copied next to the container when the input has them.
+const SIDE_FILES: [&str; 6] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "REF.json",
+];
+
+fn write_all(
+    ck: &Checkpoint,
+    input: &Path,
+    tmp: &Path,
+    jobs: &[plan::Job],
+    experts: QFormat,
+    dense: QFormat,
+    progress: bool,
+) -> Result<u64, ConvertError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ConvertError::Io { path, source }
+    };
+    std::fs::create_dir_all(tmp).map_err(io(tmp))?;
+    for name in SIDE_FILES {
+        let src = input.join(name);
+        if src.is_file() {
+            std::fs::copy(&src, tmp.join(name)).map_err(io(&src))?;
+        }
+    }
+    let path = tmp.join("model.safetensors");
+    let meta = [
+        ("format", "colibri".to_string()),
+        ("experts", experts.to_string()),
+        ("dense", dense.to_string()),
+    ];
+    let lay = writer::layout(jobs, &meta);
+    let total = lay.header.len() as u64 + lay.data_len;
+    let bar = progress_bar(progress, total);
+    let file = std::fs::File::create(&path).map_err(io(&path))?;
+    let mut w = writer::Counting {
+        inner: std::io::BufWriter::with_capacity(8 << 20, file),
+        written: 0,
+    };
+    w.write_all(&lay.header).map_err(io(&path))?;
+    for (job, &pad) in jobs.iter().zip(&lay.pad_before) {
+        writer::write_zeros(&mut w, pad).map_err(io(&path))?;
+        let before = w.written;
+        write_job(ck, job, &mut w).map_err(|e| match e {
+            JobError::Io(source) => ConvertError::Io {
+                path: path.clone(),
+                source,
+            },
+            JobError::Other(e) => e,
+        })?;
+        let want: u64 = job.entries().iter().map(|e| e.len).sum();
+        if w.written - before != want {
+            return Err(ConvertError::Input {
+                path: ck.dir().to_path_buf(),
+                tensor: job.name.clone(),
+                reason: format!("wrote {} bytes, layout expected {want}", w.written - before),
+            });
+        }
+        bar.set_position(w.written);
+    }
+    let file = w.inner.into_inner().map_err(|e| ConvertError::Io {
+        path: path.clone(),
+        source: e.into_error(),
+    })?;
+    file.sync_all().map_err(io(&path))?;
+    bar.finish_and_clear();
+    Ok(total)
+}
+
+enum JobError {
+    Io(std::io::Error),
+    Other(ConvertError),
+}
+
+impl From<std::io::Error> for JobError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+impl From<ConvertError> for JobError {
+    fn from(e: ConvertError) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl From<StError> for JobError {
+    fn from(e: StError) -> Self {
+        Self::Other(e.into())
+    }
+}
+
+/// Produces one job's bytes (a single tensor's values in memory at a time).
+fn write_job<W: Write>(ck: &Checkpoint, job: &plan::Job, w: &mut W) -> Result<(), JobError> {
+    let src = &job.source;
+    let size = plan::dtype_bytes(src.dtype) as usize;
+    let all = ck.bytes(&src.tensor)?;
+    let bad = |reason: String| ConvertError::Input {
+        path: ck.dir().to_path_buf(),
+        tensor: job.name.clone(),
+        reason,
+    };
+    let bytes = src
+        .elem_start
+        .checked_mul(size)
+        .and_then(|a| Some(a..a.checked_add(src.elems.checked_mul(size)?)?))
+        .and_then(|r| all.get(r))
+        .ok_or_else(|| bad(format!("source range lies outside tensor {:?}", src.tensor)))?;
+    match job.kind {
+        plan::Kind::Raw => w.write_all(bytes)?,
+        plan::Kind::F32 => {
+            let v = decode_f32(src.dtype, bytes)?;
+            writer::write_f32s(w, &v)?;
+        }
+        plan::Kind::Quant(f) => {
+            let v = decode_f32(src.dtype, bytes)?;
+            if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(bad(format!("value {i} is {x}; refusing to quantize non-finite weights")).into());
+            }
+            let (rows, cols) = (job.shape[0], job.shape[1]);
+            let (q, scales) = quantize_matrix(rows, cols, &v, f).map_err(|source| ConvertError::Quant {
+                tensor: job.name.clone(),
+                source,
+            })?;
+            drop(v);
+            w.write_all(&q)?;
+            writer::write_f32s(w, &scales)?;
+        }
+    }
+    Ok(())
+}
+
+/// A byte-count progress bar on stderr, hidden unless asked for and stderr
+/// is a terminal.
+fn progress_bar(progress: bool, total: u64) -> ProgressBar {
+    if !progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("converting {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}

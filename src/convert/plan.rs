@@ -1,0 +1,287 @@
+//! Deciding what the container holds: one job per logical output tensor,
+//! in file order, with every size known before a byte is written (the
+//! header, which comes first, needs all offsets).
+
+use std::collections::BTreeMap;
+use safetensors::Dtype;
+
+use super::ConvertError;
+use crate::config::OlmoeConfig;
+use crate::quant::QFormat;
+use crate::st::{Checkpoint, SCALE_SUFFIX};
+
+/// How a job's data is produced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Kind {
+    /// Bytes copied unchanged (same dtype): F32 tensors kept F32, and
+    /// non-float tensors.
+    Raw,
+    /// BF16/F16 widened to F32.
+    F32,
+    /// Quantized to U8 bytes plus `.qs` F32 scales.
+    Quant(QFormat),
+}
+
+/// Where a job's input values are: a whole tensor, or one expert's rows of
+/// a fused `[E, R, C]` tensor (transformers 5 layout).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Source {
+    pub tensor: String,
+    pub dtype: Dtype,
+    /// First element and element count inside the tensor.
+    pub elem_start: usize,
+    pub elems: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Job {
+    pub name: String,
+    pub source: Source,
+    /// Logical shape of the output tensor.
+    pub shape: Vec<usize>,
+    pub kind: Kind,
+    /// First tensor of an expert: starts on a 4096-byte boundary.
+    pub align: bool,
+    pub expert: bool,
+}
+
+/// One tensor as it appears in the output header.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Entry {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub len: u64,
+}
+
+impl Job {
+    /// The header entries this job writes, in order.
+    pub fn entries(&self) -> Vec<Entry> {
+        let elems = self.source.elems as u64;
+        match self.kind {
+            Kind::Raw => vec![Entry {
+                name: self.name.clone(),
+                dtype: self.source.dtype,
+                shape: self.shape.clone(),
+                len: elems * dtype_bytes(self.source.dtype),
+            }],
+            Kind::F32 => vec![Entry {
+                name: self.name.clone(),
+                dtype: Dtype::F32,
+                shape: self.shape.clone(),
+                len: elems * 4,
+            }],
+            Kind::Quant(f) => {
+                let (rows, cols) = (self.shape[0], self.shape[1]);
+                let rb = f.row_bytes(cols);
+                let spr = f.scales_per_row(cols);
+                let scale_shape = if spr == 1 { vec![rows] } else { vec![rows, spr] };
+                vec![
+                    Entry {
+                        name: self.name.clone(),
+                        dtype: Dtype::U8,
+                        shape: vec![rows, rb],
+                        len: (rows * rb) as u64,
+                    },
+                    Entry {
+                        name: format!("{}{SCALE_SUFFIX}", self.name),
+                        dtype: Dtype::F32,
+                        shape: scale_shape,
+                        len: (rows * spr * 4) as u64,
+                    },
+                ]
+            }
+        }
+    }
+}
+
+pub(crate) fn dtype_bytes(d: Dtype) -> u64 {
+    match d {
+        Dtype::F64 | Dtype::I64 | Dtype::U64 => 8,
+        Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
+        Dtype::F16 | Dtype::BF16 | Dtype::I16 | Dtype::U16 => 2,
+        _ => 1,
+    }
+}
+
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::F32 | Dtype::BF16 | Dtype::F16)
+}
+
+const PROJ: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight` -> (L, E, which).
+fn split_expert(name: &str) -> Option<(usize, usize, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (l, rest) = rest.split_once('.')?;
+    let rest = rest.strip_prefix("mlp.experts.")?;
+    let (e, rest) = rest.split_once('.')?;
+    let proj = rest.strip_suffix(".weight")?;
+    let which = PROJ.iter().position(|p| *p == proj)?;
+    Some((l.parse().ok()?, e.parse().ok()?, which))
+}
+
+/// `model.layers.L.mlp.experts.{gate_up_proj,down_proj}` -> (L, is_down).
+fn split_fused(name: &str) -> Option<(usize, bool)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (l, rest) = rest.split_once('.')?;
+    let is_down = match rest {
+        "mlp.experts.gate_up_proj" => false,
+        "mlp.experts.down_proj" => true,
+        _ => return None,
+    };
+    Some((l.parse().ok()?, is_down))
+}
+
+/// Dense tensors that stay F32 whatever `--dense` says (CONTRACTS.md 3).
+fn keeps_f32(name: &str, shape: &[usize]) -> bool {
+    shape.len() != 2 || name.contains("norm") || name.ends_with(".bias") || name.ends_with("mlp.gate.weight")
+}
+
+/// Builds the job list: dense tensors (sorted by name), then experts
+/// layer-major, expert-minor, each gate, up, down.
+pub(crate) fn plan(
+    ck: &Checkpoint,
+    cfg: &OlmoeConfig,
+    experts: QFormat,
+    dense: QFormat,
+) -> Result<Vec<Job>, ConvertError> {
+    let (layers, n_exp) = (cfg.num_hidden_layers, cfg.num_experts);
+    let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let shapes = [[inter, h], [inter, h], [h, inter]];
+    let mut jobs = Vec::new();
+    // (layer, expert, which) -> source
+    let mut expert_src: BTreeMap<(usize, usize, usize), Source> = BTreeMap::new();
+    for name in ck.names() {
+        let meta = ck.info(name)?;
+        let bad = |reason: String| ConvertError::Input {
+            path: ck.path_of(meta).to_path_buf(),
+            tensor: name.to_string(),
+            reason,
+        };
+        if name.ends_with(SCALE_SUFFIX) || matches!(meta.dtype, Dtype::U8 | Dtype::I8) {
+            return Err(bad("the input is already quantized; convert needs a full-precision checkpoint".into()));
+        }
+        let elems: usize = meta.shape.iter().product();
+        if let Some((l, e, which)) = split_expert(name) {
+            if l >= layers || e >= n_exp {
+                return Err(bad(format!("expert index out of range ({layers} layers, {n_exp} experts)")));
+            }
+            if meta.shape != shapes[which] || !is_float(meta.dtype) {
+                return Err(bad(format!(
+                    "expected a float tensor of shape {:?}, found {} {:?}",
+                    shapes[which], meta.dtype, meta.shape
+                )));
+            }
+            let src = Source {
+                tensor: name.to_string(),
+                dtype: meta.dtype,
+                elem_start: 0,
+                elems,
+            };
+            expert_src.insert((l, e, which), src);
+        } else if let Some((l, is_down)) = split_fused(name) {
+            let want = if is_down { vec![n_exp, h, inter] } else { vec![n_exp, 2 * inter, h] };
+            if l >= layers || meta.shape != want || !is_float(meta.dtype) {
+                return Err(bad(format!(
+                    "expected a float fused expert tensor of shape {want:?} in layer < {layers}, found {} {:?}",
+                    meta.dtype, meta.shape
+                )));
+            }
+            let per = inter * h;
+            for e in 0..n_exp {
+                let parts: &[usize] = if is_down { &[2] } else { &[0, 1] };
+                for (k, &which) in parts.iter().enumerate() {
+                    let base = if is_down { e * per } else { e * 2 * per + k * per };
+                    let src = Source {
+                        tensor: name.to_string(),
+                        dtype: meta.dtype,
+                        elem_start: base,
+                        elems: per,
+                    };
+                    if expert_src.insert((l, e, which), src).is_some() {
+                        return Err(bad(format!("expert {e} is given both fused and per-expert")));
+                    }
+                }
+            }
+        } else {
+            let kind = if !is_float(meta.dtype) {
+                Kind::Raw
+            } else if keeps_f32(name, &meta.shape) || dense == QFormat::F32 {
+                if meta.dtype == Dtype::F32 { Kind::Raw } else { Kind::F32 }
+            } else {
+                Kind::Quant(dense)
+            };
+            jobs.push(Job {
+                name: name.to_string(),
+                source: Source {
+                    tensor: name.to_string(),
+                    dtype: meta.dtype,
+                    elem_start: 0,
+                    elems,
+                },
+                shape: meta.shape.clone(),
+                kind,
+                align: false,
+                expert: false,
+            });
+        }
+    }
+    for l in 0..layers {
+        for e in 0..n_exp {
+            for (which, proj) in PROJ.iter().enumerate() {
+                let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight");
+                let source = expert_src.remove(&(l, e, which)).ok_or_else(|| ConvertError::Input {
+                    path: ck.dir().to_path_buf(),
+                    tensor: name.clone(),
+                    reason: "missing from the input checkpoint".into(),
+                })?;
+                let kind = match experts {
+                    QFormat::F32 if source.dtype == Dtype::F32 => Kind::Raw,
+                    QFormat::F32 => Kind::F32,
+                    f => Kind::Quant(f),
+                };
+                jobs.push(Job {
+                    name,
+                    source,
+                    shape: shapes[which].to_vec(),
+                    kind,
+                    align: which == 0,
+                    expert: true,
+                });
+            }
+        }
+    }
+    for job in &jobs {
+        if let Kind::Quant(QFormat::Int4Grouped { group }) = job.kind {
+            let cols = job.shape[1];
+            if cols > group && !cols.is_multiple_of(group) {
+                return Err(ConvertError::Input {
+                    path: ck.dir().to_path_buf(),
+                    tensor: job.name.clone(),
+                    reason: format!(
+                        "{cols} columns are not a multiple of the group size {group}; a reader could not \
+                         recover the group size from the scale count"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_expert_names() {
+        assert_eq!(split_expert("model.layers.3.mlp.experts.17.down_proj.weight"), Some((3, 17, 2)));
+        assert_eq!(split_expert("model.layers.3.mlp.experts.17.down_proj.weight.qs"), None);
+        assert_eq!(split_expert("model.layers.3.mlp.gate.weight"), None);
+        assert_eq!(split_fused("model.layers.0.mlp.experts.gate_up_proj"), Some((0, false)));
+        assert!(keeps_f32("model.layers.0.mlp.gate.weight", &[64, 32]));
+        assert!(keeps_f32("model.layers.0.self_attn.q_norm.weight", &[32]));
+        assert!(!keeps_f32("model.layers.0.self_attn.q_proj.weight", &[32, 32]));
+    }
+}
