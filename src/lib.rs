@@ -15,4 +15,5 @@ pub mod model;
 pub mod quant;
 pub mod sampling;
 pub mod st;
+pub mod telemetry;
 pub mod tokenizer;

@@ -1,20 +1,37 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use colibri::cli::{Cli, Command, run, validate};
+use colibri::cli::{Cli, Command, convert, run, validate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(a).map(|_| true),
         Command::Validate(a) => validate::run(a),
+        Command::Convert(a) => convert::run(a).map(|_| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes, skipping a cause whose text the message before
+/// it already contains (library errors often print their source inline).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }

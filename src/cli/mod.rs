@@ -1,5 +1,6 @@
 //! The `coli` command line (CONTRACTS.md section 1).
 
+pub mod convert;
 pub mod run;
 pub mod validate;
 
@@ -23,6 +24,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Compare greedy / teacher-forced predictions with a transformers oracle.
     Validate(validate::ValidateArgs),
+    /// Write a streaming container (quantized experts, one read per expert).
+    Convert(convert::ConvertArgs),
 }
 
 /// Where the model is: `--model`, else `$COLI_MODEL`, else the bundled model.

@@ -1,0 +1,41 @@
+//! `coli convert`: HF checkpoint → streaming container.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::convert::{convert, parse_format};
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Hugging Face checkpoint directory.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output container directory (must not exist, or be empty).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Routed experts: f32, int8, int4, int4-g64, int2.
+    #[arg(long, default_value = "int8")]
+    pub experts: String,
+    /// Dense matrices: f32, int8, int4.
+    #[arg(long, default_value = "f32")]
+    pub dense: String,
+}
+
+pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
+    let experts = parse_format(&args.experts)?;
+    let dense = parse_format(&args.dense)?;
+    let progress = std::io::stderr().is_terminal();
+    let report = convert(&args.input, &args.output, experts, dense, progress)?;
+    eprintln!(
+        "wrote {} ({} tensors, {} experts, {:.1} MB; experts {}, dense {})",
+        report.output.display(),
+        report.tensors,
+        report.experts,
+        report.bytes as f64 / 1e6,
+        report.experts_format,
+        report.dense_format
+    );
+    Ok(())
+}

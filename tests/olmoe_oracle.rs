@@ -1,0 +1,59 @@
+//! Token-exactness of the OLMoE engine against transformers oracles
+//! (fixtures/*/REF.json, written by tools/make_olmoe_fixtures.py).
+
+use std::path::{Path, PathBuf};
+
+use colibri::cli::validate::{Reference, greedy, teacher_forcing};
+use colibri::engine::{Engine, EngineOptions};
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("fixtures/ exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("REF.json").is_file() && p.join("config.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(
+        dirs.len() >= 3,
+        "expected the committed oracle fixtures in {}",
+        root.display()
+    );
+    dirs
+}
+
+fn check(dir: &Path, opts: &EngineOptions, max_greedy_miss: usize, max_tf_miss: usize) {
+    let r = Reference::load(&dir.join("REF.json")).unwrap();
+    let mut engine = Engine::load(dir, opts).unwrap();
+    let (ok, total) = greedy(&mut engine, &r).unwrap();
+    assert!(
+        total - ok <= max_greedy_miss,
+        "{}: greedy {ok}/{total} with {opts:?}",
+        dir.display()
+    );
+    let (ok, total) = teacher_forcing(&mut engine, &r).unwrap();
+    assert!(
+        total - ok <= max_tf_miss,
+        "{}: teacher forcing {ok}/{total} with {opts:?}",
+        dir.display()
+    );
+}
+
+#[test]
+fn f32_is_token_exact_on_every_fixture() {
+    for dir in fixtures() {
+        check(&dir, &EngineOptions::default(), 0, 0);
+    }
+}
+
+#[test]
+fn int8_experts_and_dense_within_one_mismatch() {
+    let opts = EngineOptions {
+        expert_bits: 8,
+        dense_bits: 8,
+        ..EngineOptions::default()
+    };
+    for dir in fixtures() {
+        check(&dir, &opts, 1, 1);
+    }
+}
