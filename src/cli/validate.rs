@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::{EngineArgs, ModelArg};
 use crate::engine::Engine;
-use crate::model::olmoe::Logits;
+use crate::model::lm::Logits;
 use crate::model::ops::argmax;
 use crate::sampling::{Sampler, SamplingParams};
 
@@ -79,14 +79,14 @@ pub fn teacher_forcing(engine: &mut Engine, r: &Reference) -> anyhow::Result<(us
             r.full_ids.len()
         );
     }
-    let mut kv = engine.model.new_cache();
+    let mut state = engine.model.new_state();
     let logits = engine.model.forward(
         &r.full_ids,
-        &mut kv,
+        state.as_mut(),
         colibri_actors::Tag::new(0, 1, 0),
         Logits::All,
     )?;
-    let vocab = engine.model.cfg.vocab_size;
+    let vocab = engine.model.vocab_size();
     let mut matching = 0;
     let positions: Vec<usize> = (0..r.full_ids.len()).collect();
     for &p in &positions {

@@ -6,8 +6,7 @@ use std::time::Instant;
 use colibri_actors::Tag;
 
 use super::{Engine, EngineError};
-use crate::model::kv_cache::KvCache;
-use crate::model::olmoe::Logits;
+use crate::model::lm::{Logits, SequenceState};
 use crate::sampling::Sampler;
 
 /// Why generation ended.
@@ -42,7 +41,7 @@ impl GenStats {
 /// One conversation: its token history and KV cache. A token whose logits
 /// were computed but which is not in the cache yet is kept as `pending`.
 pub struct Session {
-    pub kv: KvCache,
+    pub kv: Box<dyn SequenceState>,
     pub tokens: Vec<u32>,
     pub generation: u64,
     step: u64,
@@ -51,7 +50,7 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(kv: KvCache) -> Self {
+    pub fn new(kv: Box<dyn SequenceState>) -> Self {
         Self {
             kv,
             tokens: Vec::new(),
@@ -62,7 +61,7 @@ impl Session {
     }
 
     pub fn reset(&mut self) {
-        self.kv.clear();
+        self.kv.truncate(0);
         self.tokens.clear();
         self.last_logits = None;
         self.generation += 1;
@@ -85,7 +84,9 @@ impl Session {
     /// Runs `tokens` into the cache and returns the logits after the last one.
     pub fn feed(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         let tag = self.next_tag();
-        let logits = engine.model.forward(tokens, &mut self.kv, tag, Logits::Last)?;
+        let logits = engine
+            .model
+            .forward(tokens, self.kv.as_mut(), tag, Logits::Last)?;
         self.tokens.extend_from_slice(tokens);
         self.last_logits = Some(logits.clone());
         Ok(logits)

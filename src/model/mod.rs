@@ -2,6 +2,7 @@
 
 pub mod expert;
 pub mod kv_cache;
+pub mod lm;
 pub mod olmoe;
 pub mod ops;
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use colibri_actors::{ExpertSource, SourceError, Tag};
+use colibri_actors::{ExpertSource, Tag};
 
 use super::attention::attend;
 use super::moe::{Routing, moe_block};
@@ -11,29 +11,8 @@ use super::weights::DenseWeights;
 use crate::config::OlmoeConfig;
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;
+use crate::model::lm::{ForwardError, LanguageModel, Logits, SequenceState, fingerprint};
 use crate::model::ops::{Rope, rms_norm};
-
-/// Which positions' logits a forward pass returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last token's (generation).
-    Last,
-    /// Every new token's, row-major `[n, vocab]` (teacher forcing).
-    All,
-    /// None (prefill of a prompt whose continuation is already known).
-    None,
-}
-
-/// Why a forward pass failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ForwardError {
-    #[error("token id {id} at position {pos} is outside the vocabulary ({vocab})")]
-    Token { id: u32, pos: usize, vocab: usize },
-    #[error("context full: {have} + {add} positions exceed {max}")]
-    Context { have: usize, add: usize, max: usize },
-    #[error(transparent)]
-    Expert(#[from] SourceError),
-}
 
 /// An OLMoE model ready to run: resident weights plus a source of experts.
 pub struct Olmoe {
@@ -171,5 +150,71 @@ impl Olmoe {
         let mut out = vec![0f32; rows.len() * vocab];
         w.lm_head.matmul(&xs, rows.len(), &mut out);
         Ok(out)
+    }
+}
+
+impl SequenceState for KvCache {
+    fn len(&self) -> usize {
+        KvCache::len(self)
+    }
+    fn truncate(&mut self, n: usize) {
+        KvCache::truncate(self, n)
+    }
+    fn record_bytes(&self) -> usize {
+        KvCache::record_bytes(self)
+    }
+    fn position_bytes(&self, pos: usize) -> Vec<u8> {
+        KvCache::position_bytes(self, pos)
+    }
+    fn push_position_bytes(&mut self, bytes: &[u8]) -> bool {
+        KvCache::push_position_bytes(self, bytes)
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+impl LanguageModel for Olmoe {
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+    fn max_positions(&self) -> usize {
+        self.cfg.max_position_embeddings
+    }
+    fn fingerprint(&self) -> u64 {
+        let c = &self.cfg;
+        fingerprint(&[
+            0x4f4c_4d6f_45, // "OLMoE"
+            c.vocab_size as u64,
+            c.hidden_size as u64,
+            c.num_hidden_layers as u64,
+            c.num_attention_heads as u64,
+            c.kv_heads() as u64,
+            c.head_dim() as u64,
+            c.num_experts as u64,
+            c.intermediate_size as u64,
+        ])
+    }
+    fn new_state(&self) -> Box<dyn SequenceState> {
+        Box::new(self.new_cache())
+    }
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        state: &mut dyn SequenceState,
+        tag: Tag,
+        logits: Logits,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let kv = state
+            .as_any_mut()
+            .downcast_mut::<KvCache>()
+            .ok_or(ForwardError::State)?;
+        Olmoe::forward(self, tokens, kv, tag, logits)
+    }
+    fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
+        &self.source
+    }
+    fn dense_bytes(&self) -> usize {
+        self.weights.resident_bytes()
     }
 }

@@ -8,7 +8,8 @@ mod moe;
 mod predictor;
 mod weights;
 
-pub use forward::{ForwardError, Logits, Olmoe};
+pub use crate::model::lm::{ForwardError, Logits};
+pub use forward::Olmoe;
 pub use load::{LoadOptions, expert_map, load_dense};
 pub use predictor::OlmoePredictor;
 pub use weights::{DenseWeights, LayerWeights};

@@ -1,0 +1,86 @@
+//! What the engine needs from any model family, so generation, serving,
+//! validation and benchmarks are written once for OLMoE, GLM and what follows.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use colibri_actors::{ExpertSource, SourceError, Tag};
+
+use crate::model::expert::ExpertWeights;
+
+/// Which positions' logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (generation).
+    Last,
+    /// Every new token's, row-major `[n, vocab]` (teacher forcing, draft verification).
+    All,
+    /// None (prefill of a prompt whose continuation is already known).
+    None,
+}
+
+/// Why a forward pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("token id {id} at position {pos} is outside the vocabulary ({vocab})")]
+    Token { id: u32, pos: usize, vocab: usize },
+    #[error("context full: {have} + {add} positions exceed {max}")]
+    Context { have: usize, add: usize, max: usize },
+    #[error("the sequence state does not belong to this model")]
+    State,
+    #[error(transparent)]
+    Expert(#[from] SourceError),
+}
+
+/// A sequence's attention state (KV cache or compressed latent cache).
+/// Positions can be dropped from the end (prefix reuse) and serialised one
+/// record per position (conversation state files).
+pub trait SequenceState: Send {
+    /// Positions held.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Keeps positions `0..n`.
+    fn truncate(&mut self, n: usize);
+    /// Bytes of one position's record.
+    fn record_bytes(&self) -> usize;
+    /// Position `pos`'s state for every layer.
+    fn position_bytes(&self, pos: usize) -> Vec<u8>;
+    /// Appends one position from a record; false when the size is wrong.
+    fn push_position_bytes(&mut self, bytes: &[u8]) -> bool;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A causal language model whose routed experts come from an expert source.
+pub trait LanguageModel: Send {
+    fn vocab_size(&self) -> usize;
+    fn max_positions(&self) -> usize;
+    /// A u64 digest of the shapes that make a sequence state valid
+    /// (guards conversation files against another model).
+    fn fingerprint(&self) -> u64;
+    fn new_state(&self) -> Box<dyn SequenceState>;
+    /// Runs `tokens` after the positions in `state`, appending theirs.
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        state: &mut dyn SequenceState,
+        tag: Tag,
+        logits: Logits,
+    ) -> Result<Vec<f32>, ForwardError>;
+    fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>>;
+    /// Bytes of resident (non-expert) weights.
+    fn dense_bytes(&self) -> usize;
+}
+
+/// FNV-1a over a list of numbers: stable across builds and platforms.
+pub fn fingerprint(parts: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
