@@ -123,8 +123,18 @@ fn write_fused(dir: &Path, src: &Src) {
             down.extend_from_slice(by[format!("{p}.down_proj.weight").as_str()]);
         }
         let p = format!("model.layers.{l}.mlp.experts");
-        out.push((format!("{p}.gate_up_proj"), vec![EXPERTS, 2 * I, H], le(&gu), Dtype::F32));
-        out.push((format!("{p}.down_proj"), vec![EXPERTS, H, I], le(&down), Dtype::F32));
+        out.push((
+            format!("{p}.gate_up_proj"),
+            vec![EXPERTS, 2 * I, H],
+            le(&gu),
+            Dtype::F32,
+        ));
+        out.push((
+            format!("{p}.down_proj"),
+            vec![EXPERTS, H, I],
+            le(&down),
+            Dtype::F32,
+        ));
     }
     write_st(&dir.join("model.safetensors"), &out);
 }
@@ -133,7 +143,10 @@ fn write_fused(dir: &Path, src: &Src) {
 fn expected_format(name: &str, experts: QFormat, dense: QFormat) -> QFormat {
     if name.contains(".experts.") {
         experts
-    } else if name.ends_with("_proj.weight") || name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+    } else if name.ends_with("_proj.weight")
+        || name == "model.embed_tokens.weight"
+        || name == "lm_head.weight"
+    {
         dense
     } else {
         QFormat::F32
@@ -231,7 +244,13 @@ fn bf16_input_is_widened() {
     let tmp = tempfile::tempdir().unwrap();
     let rounded: Src = source()
         .into_iter()
-        .map(|(n, s, v)| (n, s, v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()))
+        .map(|(n, s, v)| {
+            (
+                n,
+                s,
+                v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect(),
+            )
+        })
         .collect();
     let input = tmp.path().join("in");
     std::fs::create_dir_all(&input).unwrap();
@@ -240,7 +259,10 @@ fn bf16_input_is_widened() {
     let tensors: Vec<Raw> = rounded
         .iter()
         .map(|(n, s, v)| {
-            let b: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+            let b: Vec<u8> = v
+                .iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect();
             (n.clone(), s.clone(), b, Dtype::BF16)
         })
         .collect();
@@ -308,7 +330,10 @@ fn refuses_existing_output_and_bad_formats() {
     for bad in ["int3", "int4-g8", "int4-gx", "F32", ""] {
         assert!(parse_format(bad).is_err(), "{bad}");
     }
-    assert_eq!(parse_format("int4-g64").unwrap(), QFormat::Int4Grouped { group: 64 });
+    assert_eq!(
+        parse_format("int4-g64").unwrap(),
+        QFormat::Int4Grouped { group: 64 }
+    );
 }
 
 #[test]
@@ -320,8 +345,14 @@ fn missing_expert_is_named() {
         .collect();
     let input = tmp.path().join("in");
     write_checkpoint(&input, &src);
-    let e = convert(&input, &tmp.path().join("out"), QFormat::Int8, QFormat::F32, false)
-        .unwrap_err()
-        .to_string();
+    let e = convert(
+        &input,
+        &tmp.path().join("out"),
+        QFormat::Int8,
+        QFormat::F32,
+        false,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("model.layers.1.mlp.experts.2.up_proj.weight"), "{e}");
 }

@@ -77,7 +77,11 @@ pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
         "int4" => Ok(QFormat::Int4),
         "int2" => Ok(QFormat::Int2),
         _ => {
-            let g: usize = s.strip_prefix("int4-g").ok_or_else(bad)?.parse().map_err(|_| bad())?;
+            let g: usize = s
+                .strip_prefix("int4-g")
+                .ok_or_else(bad)?
+                .parse()
+                .map_err(|_| bad())?;
             if (16..=256).contains(&g) {
                 Ok(QFormat::Int4Grouped { group: g })
             } else {
@@ -279,7 +283,10 @@ fn write_job<W: Write>(ck: &Checkpoint, job: &plan::Job, w: &mut W) -> Result<()
         plan::Kind::Quant(f) => {
             let v = decode_f32(src.dtype, bytes)?;
             if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-                return Err(bad(format!("value {i} is {x}; refusing to quantize non-finite weights")).into());
+                return Err(bad(format!(
+                    "value {i} is {x}; refusing to quantize non-finite weights"
+                ))
+                .into());
             }
             let (rows, cols) = (job.shape[0], job.shape[1]);
             let (q, scales) = quantize_matrix(rows, cols, &v, f).map_err(|source| ConvertError::Quant {

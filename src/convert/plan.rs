@@ -2,8 +2,8 @@
 //! in file order, with every size known before a byte is written (the
 //! header, which comes first, needs all offsets).
 
-use std::collections::BTreeMap;
 use safetensors::Dtype;
+use std::collections::BTreeMap;
 
 use super::ConvertError;
 use crate::config::OlmoeConfig;
@@ -160,12 +160,16 @@ pub(crate) fn plan(
             reason,
         };
         if name.ends_with(SCALE_SUFFIX) || matches!(meta.dtype, Dtype::U8 | Dtype::I8) {
-            return Err(bad("the input is already quantized; convert needs a full-precision checkpoint".into()));
+            return Err(bad(
+                "the input is already quantized; convert needs a full-precision checkpoint".into(),
+            ));
         }
         let elems: usize = meta.shape.iter().product();
         if let Some((l, e, which)) = split_expert(name) {
             if l >= layers || e >= n_exp {
-                return Err(bad(format!("expert index out of range ({layers} layers, {n_exp} experts)")));
+                return Err(bad(format!(
+                    "expert index out of range ({layers} layers, {n_exp} experts)"
+                )));
             }
             if meta.shape != shapes[which] || !is_float(meta.dtype) {
                 return Err(bad(format!(
@@ -181,7 +185,11 @@ pub(crate) fn plan(
             };
             expert_src.insert((l, e, which), src);
         } else if let Some((l, is_down)) = split_fused(name) {
-            let want = if is_down { vec![n_exp, h, inter] } else { vec![n_exp, 2 * inter, h] };
+            let want = if is_down {
+                vec![n_exp, h, inter]
+            } else {
+                vec![n_exp, 2 * inter, h]
+            };
             if l >= layers || meta.shape != want || !is_float(meta.dtype) {
                 return Err(bad(format!(
                     "expected a float fused expert tensor of shape {want:?} in layer < {layers}, found {} {:?}",
@@ -208,7 +216,11 @@ pub(crate) fn plan(
             let kind = if !is_float(meta.dtype) {
                 Kind::Raw
             } else if keeps_f32(name, &meta.shape) || dense == QFormat::F32 {
-                if meta.dtype == Dtype::F32 { Kind::Raw } else { Kind::F32 }
+                if meta.dtype == Dtype::F32 {
+                    Kind::Raw
+                } else {
+                    Kind::F32
+                }
             } else {
                 Kind::Quant(dense)
             };
@@ -231,11 +243,13 @@ pub(crate) fn plan(
         for e in 0..n_exp {
             for (which, proj) in PROJ.iter().enumerate() {
                 let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight");
-                let source = expert_src.remove(&(l, e, which)).ok_or_else(|| ConvertError::Input {
-                    path: ck.dir().to_path_buf(),
-                    tensor: name.clone(),
-                    reason: "missing from the input checkpoint".into(),
-                })?;
+                let source = expert_src
+                    .remove(&(l, e, which))
+                    .ok_or_else(|| ConvertError::Input {
+                        path: ck.dir().to_path_buf(),
+                        tensor: name.clone(),
+                        reason: "missing from the input checkpoint".into(),
+                    })?;
                 let kind = match experts {
                     QFormat::F32 if source.dtype == Dtype::F32 => Kind::Raw,
                     QFormat::F32 => Kind::F32,
@@ -276,10 +290,19 @@ mod tests {
 
     #[test]
     fn recognises_expert_names() {
-        assert_eq!(split_expert("model.layers.3.mlp.experts.17.down_proj.weight"), Some((3, 17, 2)));
-        assert_eq!(split_expert("model.layers.3.mlp.experts.17.down_proj.weight.qs"), None);
+        assert_eq!(
+            split_expert("model.layers.3.mlp.experts.17.down_proj.weight"),
+            Some((3, 17, 2))
+        );
+        assert_eq!(
+            split_expert("model.layers.3.mlp.experts.17.down_proj.weight.qs"),
+            None
+        );
         assert_eq!(split_expert("model.layers.3.mlp.gate.weight"), None);
-        assert_eq!(split_fused("model.layers.0.mlp.experts.gate_up_proj"), Some((0, false)));
+        assert_eq!(
+            split_fused("model.layers.0.mlp.experts.gate_up_proj"),
+            Some((0, false))
+        );
         assert!(keeps_f32("model.layers.0.mlp.gate.weight", &[64, 32]));
         assert!(keeps_f32("model.layers.0.self_attn.q_norm.weight", &[32]));
         assert!(!keeps_f32("model.layers.0.self_attn.q_proj.weight", &[32, 32]));

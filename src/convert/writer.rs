@@ -58,7 +58,11 @@ pub(crate) fn layout(jobs: &[Job], metadata: &[(&str, String)]) -> Layout {
         *at += e.len;
     };
     for job in jobs {
-        let pad = if job.align { at.next_multiple_of(ALIGN) - at } else { 0 };
+        let pad = if job.align {
+            at.next_multiple_of(ALIGN) - at
+        } else {
+            0
+        };
         if pad > 0 {
             let e = Entry {
                 name: format!("{}{pads}", crate::st::PAD_PREFIX),

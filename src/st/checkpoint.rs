@@ -151,7 +151,10 @@ impl Checkpoint {
         for name in &names {
             let path = dir.join(name);
             if !path.is_file() {
-                let tensor = wanted.iter().find(|(_, f)| f == name).map_or("", |(t, _)| t.as_str());
+                let tensor = wanted
+                    .iter()
+                    .find(|(_, f)| f == name)
+                    .map_or("", |(t, _)| t.as_str());
                 return Err(bad(format!(
                     "shard {} (holding tensor {tensor:?}) does not exist",
                     path.display()
@@ -169,7 +172,9 @@ impl Checkpoint {
             if in_file.is_none() {
                 return Err(StError::Index {
                     path: index.to_path_buf(),
-                    reason: format!("tensor {tensor:?} is listed in shard {file:?} but that shard does not hold it"),
+                    reason: format!(
+                        "tensor {tensor:?} is listed in shard {file:?} but that shard does not hold it"
+                    ),
                 });
             }
         }
@@ -262,7 +267,9 @@ impl Checkpoint {
 
     /// The file a tensor lives in (for error messages).
     pub fn path_of(&self, meta: &TensorMeta) -> &Path {
-        self.files.get(meta.file as usize).map_or(self.dir.as_path(), PathBuf::as_path)
+        self.files
+            .get(meta.file as usize)
+            .map_or(self.dir.as_path(), PathBuf::as_path)
     }
 
     /// The byte range of a tensor, for building an expert map.

@@ -130,9 +130,15 @@ mod tests {
             b.extend_from_slice(&v.to_le_bytes());
         }
         assert_eq!(decode_f32(Dtype::F32, &b[1..]).unwrap(), vals);
-        let h: Vec<u8> = vals.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect();
+        let h: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect();
         assert_eq!(decode_f32(Dtype::BF16, &h).unwrap(), vals);
-        let h: Vec<u8> = vals.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
+        let h: Vec<u8> = vals
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect();
         assert_eq!(decode_f32(Dtype::F16, &h).unwrap(), vals);
         assert!(decode_f32(Dtype::F32, &b).is_err());
         assert!(decode_f32(Dtype::I32, &b[1..]).is_err());
@@ -140,9 +146,17 @@ mod tests {
 
     #[test]
     fn stored_tensor_needs_scales() {
-        let e = matrix_from_bytes("w", Dtype::U8, 2, 4, ByteStore::from_vec(vec![0; 8]), None, QFormat::F32)
-            .unwrap_err()
-            .to_string();
+        let e = matrix_from_bytes(
+            "w",
+            Dtype::U8,
+            2,
+            4,
+            ByteStore::from_vec(vec![0; 8]),
+            None,
+            QFormat::F32,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("w.qs"), "{e}");
         let m = matrix_from_bytes(
             "w",

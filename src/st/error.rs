@@ -15,7 +15,9 @@ pub enum StError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: no safetensors files found (expected model.safetensors, model.safetensors.index.json or *.safetensors)")]
+    #[error(
+        "{path}: no safetensors files found (expected model.safetensors, model.safetensors.index.json or *.safetensors)"
+    )]
     NoFiles { path: PathBuf },
     #[error("{path}: bad header: {reason}")]
     Header { path: PathBuf, reason: String },

@@ -102,9 +102,9 @@ pub fn parse_header(path: &Path, file: &[u8]) -> Result<ParsedHeader, StError> {
                 .as_object()
                 .ok_or_else(|| StError::header(path, "__metadata__ is not an object"))?;
             for (k, v) in obj {
-                let s = v
-                    .as_str()
-                    .ok_or_else(|| StError::header(path, format!("__metadata__ value of {k:?} is not a string")))?;
+                let s = v.as_str().ok_or_else(|| {
+                    StError::header(path, format!("__metadata__ value of {k:?} is not a string"))
+                })?;
                 metadata.insert(k.clone(), s.to_string());
             }
             continue;
@@ -120,7 +120,12 @@ pub fn parse_header(path: &Path, file: &[u8]) -> Result<ParsedHeader, StError> {
     })
 }
 
-fn parse_entry(path: &Path, name: String, value: serde_json::Value, data_len: u64) -> Result<HeaderTensor, StError> {
+fn parse_entry(
+    path: &Path,
+    name: String,
+    value: serde_json::Value,
+    data_len: u64,
+) -> Result<HeaderTensor, StError> {
     let raw: RawInfo = serde_json::from_value(value)
         .map_err(|e| StError::tensor(path, &name, format!("malformed header entry: {e}")))?;
     let dtype: Dtype = serde_json::from_value(serde_json::Value::String(raw.dtype.clone()))
@@ -133,7 +138,13 @@ fn parse_entry(path: &Path, name: String, value: serde_json::Value, data_len: u6
         .iter()
         .map(|&d| usize::try_from(d))
         .collect::<Result<Vec<usize>, _>>()
-        .map_err(|_| StError::tensor(path, &name, format!("shape {:?} does not fit in memory", raw.shape)))?;
+        .map_err(|_| {
+            StError::tensor(
+                path,
+                &name,
+                format!("shape {:?} does not fit in memory", raw.shape),
+            )
+        })?;
     let [start, end] = raw.data_offsets;
     if end < start {
         return Err(StError::tensor(
@@ -146,11 +157,17 @@ fn parse_entry(path: &Path, name: String, value: serde_json::Value, data_len: u6
         return Err(StError::tensor(
             path,
             &name,
-            format!("data offsets [{start}, {end}) lie outside the file's {data_len} data bytes (truncated?)"),
+            format!(
+                "data offsets [{start}, {end}) lie outside the file's {data_len} data bytes (truncated?)"
+            ),
         ));
     }
     let want = byte_len(dtype, &shape).ok_or_else(|| {
-        StError::tensor(path, &name, format!("shape {shape:?} of {dtype} overflows the byte count"))
+        StError::tensor(
+            path,
+            &name,
+            format!("shape {shape:?} of {dtype} overflows the byte count"),
+        )
     })?;
     if end - start != want {
         return Err(StError::tensor(
