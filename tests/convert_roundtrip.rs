@@ -356,3 +356,45 @@ fn missing_expert_is_named() {
     .to_string();
     assert!(e.contains("model.layers.1.mlp.experts.2.up_proj.weight"), "{e}");
 }
+
+/// The transformers-written fixtures (when the repository has them) convert
+/// in every format, and the container holds every expert of the config.
+#[test]
+fn repository_fixtures_convert() {
+    let root = std::env::var_os("COLI_FIXTURES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures"));
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in entries {
+        let input = entry.unwrap().path();
+        if !input.join("config.json").is_file() {
+            continue;
+        }
+        let cfg = colibri::config::OlmoeConfig::load(&input).unwrap();
+        let src = Checkpoint::open(&input).unwrap();
+        for fmt in ["int8", "int4", "int2", "f32"] {
+            let name = input.file_name().unwrap().to_string_lossy().into_owned();
+            let out = tmp.path().join(format!("{name}-{fmt}"));
+            let f = parse_format(fmt).unwrap();
+            convert(&input, &out, f, QFormat::F32, false).unwrap();
+            let ck = Checkpoint::open(&out).unwrap();
+            for l in 0..cfg.num_hidden_layers {
+                for e in 0..cfg.num_experts {
+                    let n = format!("model.layers.{l}.mlp.experts.{e}.down_proj.weight");
+                    let m = ck.matrix(&n, cfg.hidden_size, cfg.intermediate_size, f).unwrap();
+                    assert_eq!(m.format(), f, "{n}");
+                }
+            }
+            for n in src.names().filter(|n| !n.contains(".experts.")) {
+                assert_eq!(
+                    ck.bytes(n).unwrap(),
+                    src.bytes(n).unwrap(),
+                    "{n} copied bit for bit"
+                );
+            }
+        }
+    }
+}
