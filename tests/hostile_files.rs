@@ -42,6 +42,9 @@ fn a_valid_file_opens() {
     let ck = Checkpoint::open(d.path()).unwrap();
     assert_eq!(ck.names().collect::<Vec<_>>(), ["a.weight", "b"]);
     assert_eq!(ck.f32_tensor("a.weight", &[2, 2]).unwrap(), vec![0.0; 4]);
+    let one = Checkpoint::open(&d.path().join("model.safetensors")).unwrap();
+    assert_eq!(one.len(), 2);
+    assert_eq!(one.dir(), d.path());
 }
 
 #[test]
