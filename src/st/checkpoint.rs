@@ -82,7 +82,12 @@ impl Checkpoint {
     /// `model.safetensors`, else every `*.safetensors` file (sorted by name).
     /// Every header is validated here; a file that passes can be read
     /// without further bounds surprises (as long as nobody modifies it).
+    /// A path to a single `.safetensors` file is accepted too.
     pub fn open(dir: &Path) -> Result<Self, StError> {
+        if dir.is_file() {
+            let parent = dir.parent().unwrap_or(Path::new("."));
+            return Self::open_files(parent, vec![dir.to_path_buf()]);
+        }
         let index = dir.join(INDEX_FILE);
         if index.is_file() {
             return Self::open_index(dir, &index);
