@@ -6,9 +6,11 @@
 //! checkpoints, quantized formats and kernels, the math of each family,
 //! tokenizers, sampling and the command-line front ends.
 
+pub mod chat_template;
 pub mod config;
 pub mod convert;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod serve;
 pub mod st;
