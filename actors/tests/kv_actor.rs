@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use colibri_actors::kv::{KvActor, KvError, KvFile, KvLayout, KvLoad, KvRecords, KvSink, slot_path};
 
-const LAYOUT: KvLayout = KvLayout { fingerprint: 42, payload_bytes: 8 };
+const LAYOUT: KvLayout = KvLayout {
+    fingerprint: 42,
+    payload_bytes: 8,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Op {
@@ -58,7 +61,10 @@ fn stalled_writer_never_blocks_sender_and_loses_nothing() {
     const DEPTH: usize = 8;
     let gate = Arc::new(Barrier::new(2));
     let log = Arc::new(Mutex::new(Vec::new()));
-    let sink = ParkedSink { gate: Some(gate.clone()), log: log.clone() };
+    let sink = ParkedSink {
+        gate: Some(gate.clone()),
+        log: log.clone(),
+    };
     let mut handle = KvActor::spawn(sink, DEPTH).unwrap();
 
     // The sender runs in its own thread so that a blocking send shows up as a
@@ -67,7 +73,7 @@ fn stalled_writer_never_blocks_sender_and_loses_nothing() {
     let sender = std::thread::spawn(move || {
         let mut completed = 0u64;
         for i in 0..N {
-            if i % 100 == 99 {
+            if (i + 1).is_multiple_of(100) {
                 handle.truncate(1, i).unwrap();
             } else {
                 handle.append(1, i, one_record(i as u32)).unwrap();
@@ -80,7 +86,9 @@ fn stalled_writer_never_blocks_sender_and_loses_nothing() {
         handle
     });
     // The writer is parked on its first message for this whole wait.
-    let (completed, spilled) = done_rx.recv_timeout(Duration::from_secs(120)).expect("sender blocked");
+    let (completed, spilled) = done_rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("sender blocked");
     assert_eq!(completed, N);
     assert!(log.lock().unwrap().is_empty(), "the writer must still be parked");
     // Everything beyond the channel (and the one message the actor holds) spilled.
@@ -91,7 +99,7 @@ fn stalled_writer_never_blocks_sender_and_loses_nothing() {
     let got = log.lock().unwrap().clone();
     let mut want = Vec::new();
     for i in 0..N {
-        if i % 100 == 99 {
+        if (i + 1).is_multiple_of(100) {
             want.push(Op::Truncate(1, i));
         } else {
             want.push(Op::Append(1, i, 1));
@@ -106,7 +114,11 @@ fn stalled_writer_never_blocks_sender_and_loses_nothing() {
 fn actor_writes_real_files_and_reports_errors_at_flush() {
     let dir = tempfile::tempdir().unwrap();
     let files: Vec<KvFile> = (0..2)
-        .map(|s| KvFile::open(&slot_path(dir.path(), s), LAYOUT, &mut |_, _| {}).unwrap().0)
+        .map(|s| {
+            KvFile::open(&slot_path(dir.path(), s), LAYOUT, &mut |_, _| {})
+                .unwrap()
+                .0
+        })
         .collect();
     let mut h = KvActor::spawn(files, 2).unwrap();
     for i in 0..10 {
@@ -120,13 +132,22 @@ fn actor_writes_real_files_and_reports_errors_at_flush() {
     h.append(1, 1, one_record(8)).unwrap();
     assert!(matches!(h.flush(), Err(KvError::Gap { .. })));
     h.flush().unwrap();
-    assert!(matches!(h.append(5, 0, one_record(1)).and_then(|()| h.flush()), Err(KvError::BadSlot { .. })));
+    assert!(matches!(
+        h.append(5, 0, one_record(1)).and_then(|()| h.flush()),
+        Err(KvError::BadSlot { .. })
+    ));
     let files = h.close().unwrap();
     assert_eq!(files[0].len(), 6);
     drop(files);
     let mut toks = Vec::new();
     let (_, load) = KvFile::open(&slot_path(dir.path(), 1), LAYOUT, &mut |t, _| toks.push(t)).unwrap();
-    assert_eq!(load, KvLoad::Loaded { records: 2, declared: 2 });
+    assert_eq!(
+        load,
+        KvLoad::Loaded {
+            records: 2,
+            declared: 2
+        }
+    );
     assert_eq!(toks, vec![7, 8]);
 }
 

@@ -9,11 +9,16 @@ use std::time::{Duration, Instant};
 
 use colibri_actors::kv::{KvFile, KvLayout, KvLoad, KvRecords};
 
-const LAYOUT: KvLayout = KvLayout { fingerprint: 0xC0117, payload_bytes: 4096 };
+const LAYOUT: KvLayout = KvLayout {
+    fingerprint: 0xC0117,
+    payload_bytes: 4096,
+};
 const CHILD_ENV: &str = "COLI_KV_CRASH_CHILD";
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// Payload: position, token, a fill pattern, and a checksum of all of it.
@@ -39,7 +44,9 @@ fn check_record(pos: u64, token: u32, p: &[u8]) -> Result<(), String> {
     let rpos = u64::from_le_bytes(p[..8].try_into().unwrap());
     let rtok = u32::from_le_bytes(p[8..12].try_into().unwrap());
     if rpos != pos || rtok != token {
-        return Err(format!("record {pos}: holds position {rpos} token {rtok} (header token {token})"));
+        return Err(format!(
+            "record {pos}: holds position {rpos} token {rtok} (header token {token})"
+        ));
     }
     Ok(())
 }
@@ -64,13 +71,17 @@ fn child(path: &Path, seed: u64) -> ! {
         let r = rng.next();
         match r % 16 {
             0 => f.reset().unwrap(),
-            1..=3 if f.len() > 0 => {
+            1..=3 if !f.is_empty() => {
                 let len = rng.next() % f.len();
                 f.truncate(len).unwrap();
             }
             _ => {
                 // Sometimes overwrite from inside the committed range.
-                let at = if r % 5 == 0 && f.len() > 0 { rng.next() % f.len() } else { f.len() };
+                let at = if r.is_multiple_of(5) && !f.is_empty() {
+                    rng.next() % f.len()
+                } else {
+                    f.len()
+                };
                 let n = 1 + rng.next() % 24;
                 let mut recs = KvRecords::new(LAYOUT);
                 for pos in at..at + n {
@@ -98,7 +109,12 @@ fn kill_9_always_leaves_a_consistent_prefix() {
     let mut nonempty = 0;
     while rounds < 60 && (rounds < 8 || start.elapsed() < Duration::from_secs(8)) {
         let mut c = Command::new(&exe)
-            .args(["--exact", "kill_9_always_leaves_a_consistent_prefix", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "kill_9_always_leaves_a_consistent_prefix",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, format!("{}|{}", path.display(), rng.next()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -132,5 +148,8 @@ fn kill_9_always_leaves_a_consistent_prefix() {
         }
         rounds += 1;
     }
-    assert!(nonempty > 0, "the writer never committed anything in {rounds} rounds");
+    assert!(
+        nonempty > 0,
+        "the writer never committed anything in {rounds} rounds"
+    );
 }

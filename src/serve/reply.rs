@@ -102,8 +102,8 @@ mod tests {
             b"\x01\x01READY\x01\x01\nSTAT 0 0.00 0.0 1.23\n"
         );
         assert_eq!(
-            bytes(|w| end_and_stat(w, true, 12, 3.14159, 87.25, 0.5, 7, true)),
-            b"\n\x01\x01END\x01\x01\nSTAT 12 3.14 87.2 0.50 7 1\n"
+            bytes(|w| end_and_stat(w, true, 12, 3.14659, 87.25, 0.5, 7, true)),
+            b"\n\x01\x01END\x01\x01\nSTAT 12 3.15 87.2 0.50 7 1\n"
         );
         assert_eq!(
             bytes(|w| end_and_stat(w, false, 0, f64::NAN, f64::INFINITY, 2.0, 0, false)),

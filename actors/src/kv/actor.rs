@@ -61,7 +61,11 @@ impl KvActor {
                 path: Default::default(),
                 source,
             })?;
-        Ok(KvHandle { tx: Some(tx), spill: VecDeque::new(), join: Some(join) })
+        Ok(KvHandle {
+            tx: Some(tx),
+            spill: VecDeque::new(),
+            join: Some(join),
+        })
     }
 }
 
@@ -156,7 +160,9 @@ impl<S: KvSink> KvHandle<S> {
             self.sender()?.send(msg).map_err(|_| KvError::ActorGone)?;
         }
         let (reply, done) = crossbeam_channel::bounded(1);
-        self.sender()?.send(KvMsg::Flush { reply }).map_err(|_| KvError::ActorGone)?;
+        self.sender()?
+            .send(KvMsg::Flush { reply })
+            .map_err(|_| KvError::ActorGone)?;
         done.recv().map_err(|_| KvError::ActorGone)?
     }
 
@@ -164,7 +170,12 @@ impl<S: KvSink> KvHandle<S> {
     pub fn close(mut self) -> Result<S, KvError> {
         let flushed = self.flush();
         self.tx = None;
-        let sink = self.join.take().ok_or(KvError::ActorGone)?.join().map_err(|_| KvError::ActorGone)?;
+        let sink = self
+            .join
+            .take()
+            .ok_or(KvError::ActorGone)?
+            .join()
+            .map_err(|_| KvError::ActorGone)?;
         flushed.map(|()| sink)
     }
 }

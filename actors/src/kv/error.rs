@@ -13,7 +13,11 @@ pub enum KvError {
         source: std::io::Error,
     },
     #[error("{path}: a record must be {expected} bytes (token + payload), got {got}")]
-    RecordSize { path: PathBuf, expected: usize, got: usize },
+    RecordSize {
+        path: PathBuf,
+        expected: usize,
+        got: usize,
+    },
     #[error("{path}: append at position {at} would leave a gap after the {count} stored records")]
     Gap { path: PathBuf, at: u64, count: u64 },
     #[error("{path}: cannot truncate to {len} records, only {count} are stored")]

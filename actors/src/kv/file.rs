@@ -52,7 +52,11 @@ impl KvLayout {
 
 /// `<dir>/.coli_kv` for slot 0, `<dir>/.coli_kv.N` otherwise (the contract's names).
 pub fn slot_path(dir: &Path, slot: usize) -> PathBuf {
-    if slot == 0 { dir.join(KV_FILE_NAME) } else { dir.join(format!("{KV_FILE_NAME}.{slot}")) }
+    if slot == 0 {
+        dir.join(KV_FILE_NAME)
+    } else {
+        dir.join(format!("{KV_FILE_NAME}.{slot}"))
+    }
 }
 
 /// What opening a state file found; the caller logs the non-`Loaded` cases.
@@ -78,7 +82,10 @@ pub struct KvRecords {
 impl KvRecords {
     /// An empty batch for `layout`.
     pub fn new(layout: KvLayout) -> Self {
-        KvRecords { record_size: layout.record_size(), bytes: Vec::new() }
+        KvRecords {
+            record_size: layout.record_size(),
+            bytes: Vec::new(),
+        }
     }
 
     /// Appends one position; the payload must be exactly `layout.payload_bytes`.
@@ -128,7 +135,11 @@ pub struct KvFile {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KvError + 'a {
-    move |source| KvError::Io { op, path: path.to_path_buf(), source }
+    move |source| KvError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn le_u32(b: &[u8]) -> u32 {
@@ -165,7 +176,13 @@ impl KvFile {
             .truncate(false)
             .open(path)
             .map_err(io_err("opening", path))?;
-        let mut kv = KvFile { file, path: path.to_path_buf(), layout, count: 0, header_ok: false };
+        let mut kv = KvFile {
+            file,
+            path: path.to_path_buf(),
+            layout,
+            count: 0,
+            header_ok: false,
+        };
         if !existed {
             kv.write_header()?;
             return Ok((kv, KvLoad::Missing));
@@ -175,17 +192,28 @@ impl KvFile {
     }
 
     fn read_back(&mut self, visit: &mut dyn FnMut(u32, &[u8])) -> Result<KvLoad, KvError> {
-        let file_len = self.file.metadata().map_err(io_err("reading metadata of", &self.path))?.len();
+        let file_len = self
+            .file
+            .metadata()
+            .map_err(io_err("reading metadata of", &self.path))?
+            .len();
         if file_len < HEADER_LEN {
-            return Ok(KvLoad::Mismatch { reason: format!("header truncated ({file_len} bytes)") });
+            return Ok(KvLoad::Mismatch {
+                reason: format!("header truncated ({file_len} bytes)"),
+            });
         }
         let mut h = [0u8; HEADER_LEN as usize];
-        self.file.read_exact_at(&mut h, 0).map_err(io_err("reading header of", &self.path))?;
+        self.file
+            .read_exact_at(&mut h, 0)
+            .map_err(io_err("reading header of", &self.path))?;
         let want_rs = self.layout.record_size() as u64;
         let reason = if h[..8] != MAGIC {
             Some("not a colibri KV state file (bad magic)".to_string())
         } else if le_u32(&h[8..]) != FORMAT_VERSION {
-            Some(format!("format version {} (expected {FORMAT_VERSION})", le_u32(&h[8..])))
+            Some(format!(
+                "format version {} (expected {FORMAT_VERSION})",
+                le_u32(&h[8..])
+            ))
         } else if le_u64(&h[16..]) != self.layout.fingerprint {
             Some(format!(
                 "written by a different model (fingerprint {:#018x}, this model {:#018x})",
@@ -193,7 +221,10 @@ impl KvFile {
                 self.layout.fingerprint
             ))
         } else if le_u64(&h[24..]) != want_rs {
-            Some(format!("record size {} (this model needs {want_rs})", le_u64(&h[24..])))
+            Some(format!(
+                "record size {} (this model needs {want_rs})",
+                le_u64(&h[24..])
+            ))
         } else {
             None
         };
@@ -206,10 +237,14 @@ impl KvFile {
         let records = declared.min(present);
         let mut reader = BufReader::with_capacity(1 << 20, &self.file);
         let mut skip = [0u8; HEADER_LEN as usize];
-        reader.read_exact(&mut skip).map_err(io_err("reading", &self.path))?;
+        reader
+            .read_exact(&mut skip)
+            .map_err(io_err("reading", &self.path))?;
         let mut rec = vec![0u8; want_rs as usize];
         for _ in 0..records {
-            reader.read_exact(&mut rec).map_err(io_err("reading records of", &self.path))?;
+            reader
+                .read_exact(&mut rec)
+                .map_err(io_err("reading records of", &self.path))?;
             visit(le_u32(&rec), &rec[4..]);
         }
         self.count = records;
@@ -224,7 +259,9 @@ impl KvFile {
         h[24..32].copy_from_slice(&(self.layout.record_size() as u64).to_le_bytes());
         // count stays 0: a crash right after this leaves an empty, valid file.
         self.file.set_len(0).map_err(io_err("truncating", &self.path))?;
-        self.file.write_all_at(&h, 0).map_err(io_err("writing header of", &self.path))?;
+        self.file
+            .write_all_at(&h, 0)
+            .map_err(io_err("writing header of", &self.path))?;
         self.sync()?;
         self.count = 0;
         self.header_ok = true;
@@ -281,7 +318,11 @@ impl KvFile {
             self.write_header()?;
         }
         if at > self.count {
-            return Err(KvError::Gap { path: self.path.clone(), at, count: self.count });
+            return Err(KvError::Gap {
+                path: self.path.clone(),
+                at,
+                count: self.count,
+            });
         }
         if at < self.count {
             // Uncommit the positions about to be overwritten before touching them.
@@ -301,7 +342,11 @@ impl KvFile {
     /// Keeps the first `len` records (longest-common-prefix reuse).
     pub fn truncate(&mut self, len: u64) -> Result<(), KvError> {
         if len > self.count {
-            return Err(KvError::TruncateBeyond { path: self.path.clone(), len, count: self.count });
+            return Err(KvError::TruncateBeyond {
+                path: self.path.clone(),
+                len,
+                count: self.count,
+            });
         }
         if !self.header_ok {
             return self.write_header();
@@ -318,7 +363,9 @@ impl KvFile {
             return self.write_header();
         }
         self.commit_count(0)?;
-        self.file.set_len(HEADER_LEN).map_err(io_err("shrinking", &self.path))
+        self.file
+            .set_len(HEADER_LEN)
+            .map_err(io_err("shrinking", &self.path))
     }
 }
 
@@ -327,7 +374,10 @@ mod tests {
     use super::*;
 
     fn layout() -> KvLayout {
-        KvLayout { fingerprint: 0xfeed, payload_bytes: 12 }
+        KvLayout {
+            fingerprint: 0xfeed,
+            payload_bytes: 12,
+        }
     }
 
     fn batch(from: u32, n: u32) -> KvRecords {
@@ -364,7 +414,13 @@ mod tests {
         assert!(matches!(f.append(9, &batch(0, 1)), Err(KvError::Gap { .. })));
         drop(f);
         let (f, load, got) = reopen(&p, layout());
-        assert_eq!(load, KvLoad::Loaded { records: 5, declared: 5 });
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 5,
+                declared: 5
+            }
+        );
         assert_eq!(f.len(), 5);
         let toks: Vec<u32> = got.iter().map(|g| g.0).collect();
         assert_eq!(toks, vec![0, 1, 2, 3, 40]);
@@ -378,12 +434,18 @@ mod tests {
         let (mut f, _, _) = reopen(&p, layout());
         f.append(0, &batch(0, 3)).unwrap();
         drop(f);
-        let other = KvLayout { fingerprint: 1, payload_bytes: 12 };
+        let other = KvLayout {
+            fingerprint: 1,
+            payload_bytes: 12,
+        };
         let (mut f, load, got) = reopen(&p, other);
         assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("different model")));
         assert!(got.is_empty());
         assert_eq!(f.len(), 0);
-        let wider = KvLayout { fingerprint: 0xfeed, payload_bytes: 16 };
+        let wider = KvLayout {
+            fingerprint: 0xfeed,
+            payload_bytes: 16,
+        };
         let (_, load, _) = reopen(&p, wider);
         assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("record size")));
         // The first write under the new layout replaces the file.
@@ -391,7 +453,13 @@ mod tests {
         r.push(9, &[1; 12]).unwrap();
         f.append(0, &r).unwrap();
         let (_, load, got) = reopen(&p, other);
-        assert_eq!(load, KvLoad::Loaded { records: 1, declared: 1 });
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 1,
+                declared: 1
+            }
+        );
         assert_eq!(got[0].0, 9);
     }
 
@@ -415,13 +483,30 @@ mod tests {
         f.append(0, &batch(0, 6)).unwrap();
         drop(f);
         let cut = HEADER_LEN + 3 * 16 + 7; // 3 whole records and a partial one
-        OpenOptions::new().write(true).open(&p).unwrap().set_len(cut).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
         let (mut f, load, got) = reopen(&p, layout());
-        assert_eq!(load, KvLoad::Loaded { records: 3, declared: 6 });
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 3,
+                declared: 6
+            }
+        );
         assert_eq!(got.len(), 3);
         f.append(3, &batch(3, 1)).unwrap();
         let (_, load, _) = reopen(&p, layout());
-        assert_eq!(load, KvLoad::Loaded { records: 4, declared: 4 });
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 4,
+                declared: 4
+            }
+        );
     }
 
     #[test]
@@ -433,7 +518,13 @@ mod tests {
         f.reset().unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().len(), HEADER_LEN);
         let (_, load, _) = reopen(&p, layout());
-        assert_eq!(load, KvLoad::Loaded { records: 0, declared: 0 });
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 0,
+                declared: 0
+            }
+        );
     }
 
     #[test]

@@ -9,7 +9,11 @@ use super::file::KvRecords;
 #[derive(Debug)]
 pub enum KvMsg {
     /// Store `records` at positions `at..` of `slot` (dropping any tail past `at`).
-    Append { slot: usize, at: u64, records: KvRecords },
+    Append {
+        slot: usize,
+        at: u64,
+        records: KvRecords,
+    },
     /// Keep the first `len` records of `slot`.
     Truncate { slot: usize, len: u64 },
     /// Forget `slot`'s conversation.

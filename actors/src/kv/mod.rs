@@ -19,9 +19,9 @@ mod error;
 mod file;
 mod message;
 
-pub use actor::{KvActor, KvHandle, KvSink, DEFAULT_QUEUE_DEPTH};
+pub use actor::{DEFAULT_QUEUE_DEPTH, KvActor, KvHandle, KvSink};
 pub use error::KvError;
 pub use file::{
-    slot_path, KvFile, KvLayout, KvLoad, KvRecords, FORMAT_VERSION, HEADER_LEN, KV_FILE_NAME, MAGIC,
+    FORMAT_VERSION, HEADER_LEN, KV_FILE_NAME, KvFile, KvLayout, KvLoad, KvRecords, MAGIC, slot_path,
 };
 pub use message::KvMsg;
