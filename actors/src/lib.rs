@@ -8,6 +8,7 @@
 pub mod buffer;
 pub mod error;
 pub mod expert;
+pub mod kv;
 pub mod source;
 pub mod tag;
 
