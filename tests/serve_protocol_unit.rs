@@ -298,10 +298,11 @@ fn raw_prompt_reuses_the_longest_common_prefix() {
         "STAT 3 12.50 87.5 1.50 6 1\n",
         "Hel",
         END,
-        "STAT 3 12.50 87.5 1.50 5 1\n",
+        // prompt_tokens = tokens actually prefilled after prefix reuse.
+        "STAT 3 12.50 87.5 1.50 2 1\n",
         "lo",
         END,
-        "STAT 2 12.50 87.5 1.50 8 1\n",
+        "STAT 2 12.50 87.5 1.50 1 1\n",
     ]
     .concat();
     assert_eq!(out, want, "{diag}");
@@ -341,7 +342,7 @@ fn two_slots_interleaved_keep_separate_histories() {
     );
     assert_eq!(m.truncations, [(0, 9), (2, 7), (2, 11)]);
     assert!(out.ends_with(&format!(
-        "Hell{END}STAT 4 12.50 87.5 1.50 8 1\no wo\n{END}STAT 4 12.50 87.5 1.50\n"
+        "Hell{END}STAT 4 12.50 87.5 1.50 1 1\no wo\n{END}STAT 4 12.50 87.5 1.50\n"
     )));
     assert_eq!(bytes_of(&m.slots[2]), "slot twoHello wo");
 }

@@ -30,8 +30,8 @@
 //!   prompt equal to (a prefix of) the history re-feeds its last token to get
 //!   fresh logits. `max_tokens` is capped by [`ServeConfig::max_tokens`]. Reply:
 //!   raw text, END without a leading newline, long STAT with `prompt_tokens` =
-//!   the whole prompt's token count (as upstream; the engine sees how many were
-//!   actually prefilled).
+//!   the tokens actually prefilled (the prompt minus the reused prefix), so a
+//!   front end can see what prefix reuse saved.
 //! - **malformed frame** (and a prompt that is empty after tokenization, not
 //!   UTF-8, or that the engine refuses to tokenize/render): the reason goes to
 //!   the diagnostics stream; END + `STAT 0 0.00 0.0 <rss> 0 0`.

@@ -317,8 +317,9 @@ impl<E: ServeEngine> Session<'_, E> {
             slot,
             &tokens[keep..],
             params,
+            // Tokens actually prefilled: what prefix reuse saved is visible.
             Close::Raw {
-                prompt_tokens: tokens.len(),
+                prompt_tokens: tokens.len() - keep,
             },
         )
         .map_err(Err)?;
