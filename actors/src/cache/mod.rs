@@ -141,7 +141,10 @@ impl<T> ExpertCache<T> {
         self.lru
             .iter()
             .enumerate()
-            .filter_map(|(layer, m)| m.first_key_value().map(|(&t, &e)| (t, ExpertKey::new(layer as u32, e))))
+            .filter_map(|(layer, m)| {
+                m.first_key_value()
+                    .map(|(&t, &e)| (t, ExpertKey::new(layer as u32, e)))
+            })
             .min_by_key(|&(t, _)| t)
             .map(|(_, k)| k)
     }
@@ -260,7 +263,10 @@ impl<T> ExpertCache<T> {
     /// Resident experts of one layer (unpinned ones in LRU order, oldest
     /// first), for tests and diagnostics.
     pub fn resident_in_layer(&self, layer: u32) -> Vec<u32> {
-        self.lru.get(layer as usize).map(|m| m.values().copied().collect()).unwrap_or_default()
+        self.lru
+            .get(layer as usize)
+            .map(|m| m.values().copied().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -274,10 +280,13 @@ mod tests {
 
     #[test]
     fn per_layer_lru() {
-        let mut c = ExpertCache::new(2, CacheLimits {
-            per_layer: Some(2),
-            bytes: None,
-        });
+        let mut c = ExpertCache::new(
+            2,
+            CacheLimits {
+                per_layer: Some(2),
+                bytes: None,
+            },
+        );
         assert!(c.insert(k(0, 1), Arc::new(1), 10, false));
         assert!(c.insert(k(0, 2), Arc::new(2), 10, false));
         assert!(c.insert(k(1, 1), Arc::new(3), 10, false));
@@ -293,10 +302,13 @@ mod tests {
 
     #[test]
     fn byte_budget_and_pins() {
-        let mut c = ExpertCache::new(3, CacheLimits {
-            per_layer: None,
-            bytes: Some(100),
-        });
+        let mut c = ExpertCache::new(
+            3,
+            CacheLimits {
+                per_layer: None,
+                bytes: Some(100),
+            },
+        );
         assert!(c.insert(k(0, 0), Arc::new(0), 40, true));
         assert!(c.insert(k(1, 0), Arc::new(1), 30, false));
         assert!(c.insert(k(2, 0), Arc::new(2), 30, false));
@@ -316,19 +328,25 @@ mod tests {
 
     #[test]
     fn eviction_keeps_borrowed_values_alive() {
-        let mut c = ExpertCache::new(1, CacheLimits {
-            per_layer: Some(1),
-            bytes: None,
-        });
+        let mut c = ExpertCache::new(
+            1,
+            CacheLimits {
+                per_layer: Some(1),
+                bytes: None,
+            },
+        );
         c.insert(k(0, 0), Arc::new(vec![7u8; 4]), 4, false);
         let held = c.lookup(k(0, 0)).unwrap();
         c.insert(k(0, 1), Arc::new(vec![8u8; 4]), 4, false);
         assert!(!c.contains(k(0, 0)));
         assert_eq!(*held, vec![7u8; 4]);
-        let mut none = ExpertCache::new(1, CacheLimits {
-            per_layer: Some(0),
-            bytes: None,
-        });
+        let mut none = ExpertCache::new(
+            1,
+            CacheLimits {
+                per_layer: Some(0),
+                bytes: None,
+            },
+        );
         assert!(!none.insert(k(0, 0), Arc::new(vec![1u8]), 1, false));
         assert!(none.is_empty());
     }

@@ -88,7 +88,11 @@ fn handle<T: Send + Sync + 'static>(ctx: &WorkerCtx<T>, req: IoRequest<T>) {
     });
 }
 
-fn load<T>(ctx: &WorkerCtx<T>, key: ExpertKey, report: &mut ReadReport) -> Result<LoadedExpert<T>, SourceError> {
+fn load<T>(
+    ctx: &WorkerCtx<T>,
+    key: ExpertKey,
+    report: &mut ReadReport,
+) -> Result<LoadedExpert<T>, SourceError> {
     let (buf, piece_at) = {
         let _span = tracing::debug_span!("expert_read", layer = key.layer, expert = key.expert).entered();
         let t0 = Instant::now();
@@ -129,11 +133,13 @@ fn read_extent(
         };
         let dst = &mut buf.as_mut_slice()[at..at + s.len as usize];
         report.reads += 1;
-        let n = storage.read_at(s.file, s.offset, dst).map_err(|source| SourceError::Read {
-            key,
-            path: path(),
-            source,
-        })?;
+        let n = storage
+            .read_at(s.file, s.offset, dst)
+            .map_err(|source| SourceError::Read {
+                key,
+                path: path(),
+                source,
+            })?;
         if n != dst.len() {
             return Err(SourceError::Read {
                 key,

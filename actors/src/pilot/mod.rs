@@ -46,7 +46,8 @@ pub(crate) fn spawn(
                     continue;
                 }
                 let experts = {
-                    let _span = tracing::debug_span!("pilot", layer = msg.tag.layer, step = msg.tag.step).entered();
+                    let _span =
+                        tracing::debug_span!("pilot", layer = msg.tag.layer, step = msg.tag.step).entered();
                     predictor.predict(msg.tag.layer, &msg.residual, k)
                 };
                 let p = Prediction {

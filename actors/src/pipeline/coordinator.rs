@@ -206,8 +206,11 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             }
         }
         if mode != FetchMode::LoadOnly && self.pilot {
-            let routed: Vec<u32> =
-                items.iter().filter(|(_, k)| k.layer == tag.layer).map(|(_, k)| k.expert).collect();
+            let routed: Vec<u32> = items
+                .iter()
+                .filter(|(_, k)| k.layer == tag.layer)
+                .map(|(_, k)| k.expert)
+                .collect();
             self.recall.routed(tag, &routed);
             self.publish_recall();
         }
@@ -237,7 +240,14 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             }
         }
         if remaining > 0 {
-            self.pending.insert(id, Pending { tag, reply, remaining });
+            self.pending.insert(
+                id,
+                Pending {
+                    tag,
+                    reply,
+                    remaining,
+                },
+            );
         }
     }
 
@@ -338,7 +348,9 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
     }
 
     fn deliver(&mut self, id: u64, d: Delivery<T>) {
-        let Some(p) = self.pending.get_mut(&id) else { return };
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
         if p.reply.try_send(d).is_err() {
             self.pending.remove(&id);
             return;
@@ -382,9 +394,14 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                 if !self.inflight.get(&key).is_some_and(|f| f.load_id == load_id) {
                     return;
                 }
-                let Some(f) = self.inflight.remove(&key) else { return };
-                let live: Vec<(u64, usize)> =
-                    f.waiters.into_iter().filter(|(id, _)| self.pending.contains_key(id)).collect();
+                let Some(f) = self.inflight.remove(&key) else {
+                    return;
+                };
+                let live: Vec<(u64, usize)> = f
+                    .waiters
+                    .into_iter()
+                    .filter(|(id, _)| self.pending.contains_key(id))
+                    .collect();
                 match result {
                     Ok(loaded) => {
                         Counters::add(
@@ -396,7 +413,8 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                         );
                         let pin = self.pins.contains(&key);
                         if pin || !live.is_empty() || f.epoch >= self.epoch_now() {
-                            self.cache.insert(key, loaded.value.clone(), loaded.resident_bytes, pin);
+                            self.cache
+                                .insert(key, loaded.value.clone(), loaded.resident_bytes, pin);
                             self.publish_cache_gauges();
                         } else {
                             Counters::add(&self.counters.stale_discarded, 1);

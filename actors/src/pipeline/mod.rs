@@ -237,7 +237,12 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         Ok(missing)
     }
 
-    fn fetch_inner(&self, tag: Tag, keys: &[ExpertKey], sink: &mut ExpertSink<'_, T>) -> Result<(), SourceError> {
+    fn fetch_inner(
+        &self,
+        tag: Tag,
+        keys: &[ExpertKey],
+        sink: &mut ExpertSink<'_, T>,
+    ) -> Result<(), SourceError> {
         let items: Vec<(usize, ExpertKey)> = keys.iter().copied().enumerate().collect();
         let mut seen = vec![false; keys.len()];
         if self.config.overlap {

@@ -30,10 +30,18 @@ pub(crate) enum CoordMsg<T> {
         reply: Sender<Delivery<T>>,
     },
     /// The caller stopped waiting (its sink failed).
-    Abandon { id: u64 },
-    Advance { tag: Tag, ack: Sender<()> },
+    Abandon {
+        id: u64,
+    },
+    Advance {
+        tag: Tag,
+        ack: Sender<()>,
+    },
     Predicted(Prediction),
-    Pin { keys: Vec<ExpertKey>, pin: bool },
+    Pin {
+        keys: Vec<ExpertKey>,
+        pin: bool,
+    },
     Shutdown,
 }
 

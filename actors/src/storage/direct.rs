@@ -120,7 +120,10 @@ impl Storage for DirectStorage {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 if !f.refused.swap(true, Ordering::Relaxed) {
                     let path = self.paths.get(file as usize).map(|p| p.display().to_string());
-                    tracing::warn!(path, "O_DIRECT read refused (EINVAL); falling back to buffered reads");
+                    tracing::warn!(
+                        path,
+                        "O_DIRECT read refused (EINVAL); falling back to buffered reads"
+                    );
                 }
                 self.buffered_read(f, offset, buf)
             }
@@ -150,7 +153,14 @@ mod tests {
         let p = dir.join("f.bin");
         std::fs::write(&p, &data).unwrap();
         let s = DirectStorage::open(&[p], false).unwrap();
-        for (off, len) in [(0usize, 10usize), (1, 4096), (4095, 2), (5000, 4000), (0, data.len()), (12000, 500)] {
+        for (off, len) in [
+            (0usize, 10usize),
+            (1, 4096),
+            (4095, 2),
+            (5000, 4000),
+            (0, data.len()),
+            (12000, 500),
+        ] {
             let mut buf = vec![0u8; len];
             let n = s.read_at(0, off as u64, &mut buf).unwrap();
             let want = len.min(data.len().saturating_sub(off));
@@ -172,7 +182,9 @@ mod tests {
         if !shm.is_dir() {
             return;
         }
-        let Ok(dir) = tempfile::tempdir_in(shm) else { return };
+        let Ok(dir) = tempfile::tempdir_in(shm) else {
+            return;
+        };
         check_reads(dir.path());
     }
 }

@@ -85,7 +85,11 @@ impl Storage for SimDisk {
         };
         let now = self.now_ns();
         let ready = now.saturating_add(latency.as_nanos() as u64);
-        let end = if transfer > 0 { self.reserve(ready, transfer) } else { ready };
+        let end = if transfer > 0 {
+            self.reserve(ready, transfer)
+        } else {
+            ready
+        };
         if end > now {
             std::thread::sleep(Duration::from_nanos(end - now));
         }

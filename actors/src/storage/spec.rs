@@ -77,7 +77,9 @@ fn bad(key: &str, value: &str, reason: impl Into<String>) -> SimSpecError {
 
 /// Splits `12.5ms` into (12.5, "ms").
 fn number_and_unit<'a>(key: &str, value: &'a str) -> Result<(f64, &'a str), SimSpecError> {
-    let split = value.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(value.len());
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
     let (num, unit) = value.split_at(split);
     if num.is_empty() {
         return Err(bad(key, value, "expected a number"));
@@ -97,7 +99,13 @@ fn parse_duration(key: &str, value: &str) -> Result<Duration, SimSpecError> {
         "ms" => 1e-3,
         "s" => 1.0,
         "" => return Err(bad(key, value, "missing unit (us, ms or s)")),
-        _ => return Err(bad(key, value, format!("unknown time unit `{unit}` (us, ms or s)"))),
+        _ => {
+            return Err(bad(
+                key,
+                value,
+                format!("unknown time unit `{unit}` (us, ms or s)"),
+            ));
+        }
     };
     let secs = x * scale;
     if secs > 3600.0 {
@@ -117,7 +125,13 @@ fn parse_bandwidth(key: &str, value: &str) -> Result<u64, SimSpecError> {
         "KiB" => 1024.0,
         "MiB" => 1024.0 * 1024.0,
         "GiB" => 1024.0 * 1024.0 * 1024.0,
-        "" => return Err(bad(key, value, "missing unit (B, KB, MB, GB, KiB, MiB, GiB, optionally /s)")),
+        "" => {
+            return Err(bad(
+                key,
+                value,
+                "missing unit (B, KB, MB, GB, KiB, MiB, GiB, optionally /s)",
+            ));
+        }
         _ => {
             return Err(bad(
                 key,
@@ -158,7 +172,9 @@ impl FromStr for SimSpec {
         for item in s.split(',') {
             let item = item.trim();
             let Some((key, value)) = item.split_once('=') else {
-                return Err(SimSpecError::NotKeyValue { item: item.to_string() });
+                return Err(SimSpecError::NotKeyValue {
+                    item: item.to_string(),
+                });
             };
             let (key, value) = (key.trim(), value.trim());
             if seen.contains(&key) {
