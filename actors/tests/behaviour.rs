@@ -63,9 +63,7 @@ fn persistent_faults_surface_and_the_pipeline_survives() {
         };
         let src = pipeline(&fx, st.clone(), cfg);
         let ks = keys(1, &[3]);
-        let err = fetch_checked(&src, &fx, Tag::new(0, 0, 1), &ks)
-            .err()
-            .expect("must fail");
+        let err = fetch_checked(&src, &fx, Tag::new(0, 0, 1), &ks).expect_err("must fail");
         let msg = err.to_string();
         match &err {
             SourceError::Read { key, path, .. } => {

@@ -391,7 +391,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                 Counters::add(&c.reads, report.reads);
                 Counters::add(&c.read_ns, report.read_ns);
                 Counters::add(&c.failed_attempts, report.failed_attempts);
-                if !self.inflight.get(&key).is_some_and(|f| f.load_id == load_id) {
+                if self.inflight.get(&key).is_none_or(|f| f.load_id != load_id) {
                     return;
                 }
                 let Some(f) = self.inflight.remove(&key) else {

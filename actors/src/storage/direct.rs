@@ -86,7 +86,7 @@ fn direct_fill(file: &File, start: u64, bounce: &mut AlignedBuf) -> std::io::Res
                 done += n;
                 // A read that ends off a block boundary can only be the end
                 // of the file.
-                if done % BUF_ALIGN != 0 {
+                if !done.is_multiple_of(BUF_ALIGN) {
                     break;
                 }
             }

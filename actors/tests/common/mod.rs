@@ -166,7 +166,7 @@ impl ExpertDecoder<MockExpert> for MockDecoder {
 /// Scripted routing: skewed (hot experts exist, so caches hit), distinct
 /// within a layer, a pure function of (seed, step, layer).
 pub fn routing(seed: u64, step: u64, layer: u32, experts: u32, k: usize) -> Vec<u32> {
-    let mut r = SplitMix64::new(seed ^ (step << 20) ^ u64::from(layer) * 0x9E37);
+    let mut r = SplitMix64::new(seed ^ (step << 20) ^ (u64::from(layer) * 0x9E37));
     let mut out = Vec::new();
     while out.len() < k.min(experts as usize) {
         let e = if r.chance(0.6) {
