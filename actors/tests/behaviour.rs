@@ -264,3 +264,65 @@ fn sink_errors_stop_the_fetch_and_leave_the_pipeline_usable() {
         fetch_checked(&src, &fx, Tag::new(0, 0, 0), &keys(0, &[1, 2, 3, 4])).expect("next fetch");
     });
 }
+
+/// Not a check (speed is never asserted): prints how much load‖compute
+/// overlap and the pilot save on a simulated slow disk with simulated
+/// compute. `cargo test -p colibri-actors --test behaviour -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn overlap_report() {
+    let fx = Fixture::new(8, 32);
+    let k = 4;
+    let run = |overlap: bool, pilot: bool| {
+        let cfg = PipelineConfig {
+            overlap,
+            pilot,
+            pilot_k: k,
+            cache_cap: Some(4),
+            io_workers: 4,
+            disk_sim: Some("bw=20MB/s,lat=1ms,jitter=500us,seed=1".parse().expect("spec")),
+            ..PipelineConfig::default()
+        };
+        let src =
+            PipelineSource::open(fx.map.clone(), fx.decoder(), Some(Arc::new(TopK)), cfg).expect("open");
+        let t0 = std::time::Instant::now();
+        for s in 0..6u64 {
+            let tag = Tag::new(0, s, 0);
+            src.advance(tag);
+            src.pilot(tag, &common::residual(2, s, 0, fx.experts, k));
+            for l in 0..fx.layers {
+                // attention
+                std::thread::sleep(Duration::from_micros(500));
+                if l + 1 < fx.layers {
+                    src.pilot(tag.at_layer(l + 1), &common::residual(2, s, l + 1, fx.experts, k));
+                }
+                let ks: Vec<ExpertKey> = common::routing(2, s, l, fx.experts, k)
+                    .into_iter()
+                    .map(|e| ExpertKey::new(l, e))
+                    .collect();
+                src.fetch(tag.at_layer(l), &ks, &mut |_, _| {
+                    std::thread::sleep(Duration::from_micros(700)); // expert matmul
+                    Ok(())
+                })
+                .expect("fetch");
+            }
+        }
+        (t0.elapsed().as_secs_f64(), src.profile())
+    };
+    let (base, pb) = run(false, false);
+    let (ovl, po) = run(true, false);
+    let (pil, pp) = run(true, true);
+    eprintln!("no overlap {base:.3}s (wait {:.0}%)", 100.0 * pb.wait_fraction());
+    eprintln!(
+        "overlap    {ovl:.3}s (wait {:.0}%) x{:.2}",
+        100.0 * po.wait_fraction(),
+        base / ovl
+    );
+    eprintln!(
+        "overlap+pilot {pil:.3}s (wait {:.0}%) x{:.2}, recall {:?}, prefetch loads {}",
+        100.0 * pp.wait_fraction(),
+        base / pil,
+        pp.source_stats().pilot_recall(),
+        pp.prefetch_loads
+    );
+}

@@ -196,6 +196,7 @@ impl<T> ExpertCache<T> {
             l.insert(tick, key.expert);
         }
         self.bytes += bytes;
+        debug_assert!(self.limits.bytes.is_none_or(|b| self.bytes <= b));
         self.entries.insert(
             key,
             Entry {

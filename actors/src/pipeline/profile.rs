@@ -39,6 +39,26 @@ macro_rules! counters {
                 }
             }
 
+            /// Counters accumulated since `earlier` (a snapshot of the same
+            /// pipeline), e.g. to leave a warm-up out of a benchmark. Gauges
+            /// (cache bytes and entries) keep their current values.
+            pub fn since_inner(now: &PipelineProfile, earlier: &PipelineProfile) -> PipelineProfile {
+                let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {
+                    a.iter().enumerate().map(|(i, x)| x.saturating_sub(b.get(i).copied().unwrap_or(0))).collect()
+                };
+                let mut p = PipelineProfile {
+                    $($name: now.$name.saturating_sub(earlier.$name),)*
+                    layer_hits: sub(&now.layer_hits, &earlier.layer_hits),
+                    layer_misses: sub(&now.layer_misses, &earlier.layer_misses),
+                    elapsed_ns: now.elapsed_ns.saturating_sub(earlier.elapsed_ns),
+                    cache_budget: now.cache_budget,
+                    storage: now.storage,
+                };
+                p.cache_bytes = now.cache_bytes;
+                p.cache_entries = now.cache_entries;
+                p
+            }
+
             pub fn snapshot(&self) -> PipelineProfile {
                 PipelineProfile {
                     $($name: self.$name.load(Ordering::Relaxed),)*
@@ -110,6 +130,12 @@ impl PipelineProfile {
             pilot_hits: self.pilot_hits,
             pilot_routed: self.pilot_routed,
         }
+    }
+
+    /// What happened between `earlier` and `self` (both snapshots of one
+    /// pipeline); gauges keep `self`'s values.
+    pub fn since(&self, earlier: &PipelineProfile) -> PipelineProfile {
+        Counters::since_inner(self, earlier)
     }
 
     /// Share of time inside `fetch` spent blocked on expert arrival.

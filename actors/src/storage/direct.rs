@@ -148,7 +148,7 @@ mod tests {
         (0..n).map(|i| (i * 31 % 251) as u8).collect()
     }
 
-    fn check_reads(dir: &Path) {
+    fn check_reads(dir: &Path) -> DirectStorage {
         let data = pattern(3 * BUF_ALIGN + 123);
         let p = dir.join("f.bin");
         std::fs::write(&p, &data).unwrap();
@@ -167,6 +167,7 @@ mod tests {
             assert_eq!(n, want, "off {off} len {len}");
             assert_eq!(&buf[..n], &data[off..off + n]);
         }
+        s
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use super::pread::drop_pages;
 use super::{Storage, no_such_file, open_all};
 use crate::error::SourceError;
 use crate::expert::FileId;
@@ -13,11 +14,15 @@ use crate::expert::FileId;
 pub struct MmapStorage {
     /// `None` for empty files, which cannot be mapped.
     maps: Vec<Option<Mmap>>,
+    /// Kept for `posix_fadvise` when `drop_cache` is set.
+    files: Vec<std::fs::File>,
     paths: Vec<PathBuf>,
+    drop_cache: bool,
 }
 
 impl MmapStorage {
-    pub fn open(paths: &[PathBuf]) -> Result<Self, SourceError> {
+    /// `drop_cache`: after each copy, drop the range from the page cache.
+    pub fn open(paths: &[PathBuf], drop_cache: bool) -> Result<Self, SourceError> {
         let files = open_all(paths)?;
         let mut maps = Vec::with_capacity(files.len());
         for (f, p) in files.iter().zip(paths) {
@@ -43,7 +48,9 @@ impl MmapStorage {
         }
         Ok(Self {
             maps,
+            files,
             paths: paths.to_vec(),
+            drop_cache,
         })
     }
 }
@@ -55,6 +62,11 @@ impl Storage for MmapStorage {
         let start = usize::try_from(offset).unwrap_or(usize::MAX).min(map.len());
         let n = buf.len().min(map.len() - start);
         buf[..n].copy_from_slice(&map[start..start + n]);
+        if self.drop_cache
+            && let Some(f) = self.files.get(file as usize)
+        {
+            drop_pages(f, start as u64, n);
+        }
         Ok(n)
     }
 

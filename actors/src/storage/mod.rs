@@ -60,7 +60,7 @@ pub struct StorageOptions {
 /// Opens `files` with the backend `opts` asks for.
 pub fn open_storage(files: &[PathBuf], opts: &StorageOptions) -> Result<Arc<dyn Storage>, SourceError> {
     let base: Arc<dyn Storage> = if opts.mmap {
-        Arc::new(MmapStorage::open(files)?)
+        Arc::new(MmapStorage::open(files, opts.drop_cache)?)
     } else if opts.direct {
         Arc::new(DirectStorage::open(files, opts.drop_cache)?)
     } else {
