@@ -121,6 +121,43 @@ fn cancellation_is_prompt_and_stale_results_are_dropped() {
 }
 
 #[test]
+fn cancelled_queued_reads_are_never_issued() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let (open, gate) = crossbeam_channel::unbounded();
+        let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
+        let cfg = PipelineConfig {
+            io_workers: 1,
+            ..PipelineConfig::default()
+        };
+        let src = Arc::new(pipeline(&fx, st.clone(), cfg));
+        src.advance(Tag::new(1, 0, 0));
+        let spawn_fetch = |e: u32| {
+            let (s, k) = (src.clone(), keys(0, &[e]));
+            std::thread::spawn(move || s.fetch(Tag::new(1, 0, 0), &k, &mut |_, _| Ok(())))
+        };
+        let a = spawn_fetch(1);
+        eventually("first miss", || src.profile().misses == 1);
+        let b = spawn_fetch(2);
+        eventually("second miss", || src.profile().misses == 2);
+        src.advance(Tag::new(2, 0, 0));
+        assert!(matches!(a.join().expect("a"), Err(SourceError::Cancelled)));
+        assert!(matches!(b.join().expect("b"), Err(SourceError::Cancelled)));
+        for _ in 0..4 {
+            let _ = open.send(());
+        }
+        eventually("the running read is discarded", || {
+            src.profile().stale_discarded == 1
+        });
+        let p = src.profile();
+        assert_eq!(p.loads_cancelled, 1, "{p:?}");
+        // Drain: only the read that was already running happened.
+        fetch_checked(src.as_ref(), &fx, Tag::new(2, 0, 0), &keys(1, &[0])).expect("fetch");
+        assert_eq!(st.log.lock().len(), 2);
+    });
+}
+
+#[test]
 fn concurrent_requests_share_one_read() {
     with_timeout(30, || {
         let fx = Fixture::new(2, 8);

@@ -33,7 +33,8 @@ impl Ticket {
         })
     }
 
-    /// True for exactly one caller.
+    /// True for exactly one caller. The coordinator claims a queued load's
+    /// ticket to cancel it: the worker that pops it then drops it unread.
     pub fn claim(&self) -> bool {
         !self.claimed.swap(true, Ordering::AcqRel)
     }

@@ -392,6 +392,10 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                 Counters::add(&c.read_ns, report.read_ns);
                 Counters::add(&c.failed_attempts, report.failed_attempts);
                 if self.inflight.get(&key).is_none_or(|f| f.load_id != load_id) {
+                    // Its load was cancelled while the read ran.
+                    if result.is_ok() {
+                        Counters::add(&self.counters.stale_discarded, 1);
+                    }
                     return;
                 }
                 let Some(f) = self.inflight.remove(&key) else {
@@ -482,6 +486,25 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             }
         }
         self.recall.prune(tag);
+        // Loads nobody live waits for: queued ones are skipped unread (the
+        // coordinator claims their ticket), running ones finish and are
+        // discarded. A later request for the key starts a fresh load.
+        let epoch = self.epoch_now();
+        let dead: Vec<ExpertKey> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| {
+                f.epoch < epoch && !f.waiters.iter().any(|(id, _)| self.pending.contains_key(id))
+            })
+            .map(|(&k, _)| k)
+            .collect();
+        for key in dead {
+            if let Some(f) = self.inflight.remove(&key)
+                && f.ticket.claim()
+            {
+                Counters::add(&self.counters.loads_cancelled, 1);
+            }
+        }
     }
 
     fn publish_recall(&self) {

@@ -90,8 +90,11 @@ counters!(
     prefetch_skipped,
     // Prefetches not queued because the queue was full.
     prefetch_rejected,
-    // Loads finished after their step passed, with nobody waiting: discarded.
+    // Loads finished after their step passed (or their load was cancelled
+    // mid-read), with nobody waiting: discarded.
     stale_discarded,
+    // Queued loads cancelled unread by `advance` (nobody waited for them).
+    loads_cancelled,
     // Demand loads that failed after all retries.
     read_failures,
     // Pilot.
