@@ -20,7 +20,7 @@ pub use mmap::MmapStorage;
 pub use pread::PreadStorage;
 pub use rng::SplitMix64;
 pub use sim::SimDisk;
-pub use spec::{SimSpec, SimSpecError};
+pub use spec::{SimSpec, SimSpecError, Spike};
 
 use crate::error::SourceError;
 use crate::expert::FileId;
