@@ -76,7 +76,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub ram_gb: Option<f64>,
     /// Pilot prefetcher (predicts the next layer's experts).
-    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pilot: bool,
     /// Experts the pilot prefetches per layer (default: the model's top-k).
     #[arg(long)]
@@ -126,6 +126,7 @@ impl EngineArgs {
             mmap: self.mmap,
             disk_sim: self.disk_sim.clone(),
             overlap: !self.no_overlap,
+            kv_slots: 1,
         }
     }
 }
