@@ -28,6 +28,17 @@ pub enum Command {
     Convert(convert::ConvertArgs),
 }
 
+impl Command {
+    /// The engine options of commands that run a model.
+    pub fn engine_args(&self) -> Option<&EngineArgs> {
+        match self {
+            Command::Run(a) => Some(&a.engine),
+            Command::Validate(a) => Some(&a.engine),
+            Command::Convert(_) => None,
+        }
+    }
+}
+
 /// Where the model is: `--model`, else `$COLI_MODEL`, else the bundled model.
 #[derive(Debug, Args, Clone)]
 pub struct ModelArg {

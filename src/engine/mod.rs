@@ -3,6 +3,7 @@
 
 mod generate;
 mod options;
+pub mod profile;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::EngineOptions;
@@ -12,7 +13,7 @@ use std::sync::Arc;
 
 use colibri_actors::cache::default_ram_budget;
 use colibri_actors::{
-    ExpertMap, ExpertSource, PipelineConfig, PipelineSource, Predictor, SimSpec, SourceStats,
+    ExpertMap, ExpertSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor, SimSpec, SourceStats,
 };
 
 use crate::config::{ConfigError, OlmoeConfig, read_json};
@@ -193,6 +194,11 @@ impl Engine {
 
     pub fn stats(&self) -> SourceStats {
         self.model.source().stats()
+    }
+
+    /// The pipeline's timing and I/O counters (None for sources without them).
+    pub fn profile(&self) -> Option<PipelineProfile> {
+        self.model.source().profile()
     }
 
     pub fn new_session(&self) -> Session {
