@@ -15,6 +15,9 @@ use crate::quant::QFormat;
 /// Columns per vector.
 const W: usize = 8;
 
+/// How far ahead of the current chunk the weights are prefetched, in bytes.
+const PREFETCH: usize = 1024;
+
 /// Turns packed weights into f32 vectors.
 trait Unpack {
     /// Bytes holding one chunk of 8 columns.
@@ -177,10 +180,18 @@ unsafe fn row_dot<U: Unpack, const T: usize, const G: bool>(
 ) -> [f32; T] {
     let nfull = cols / W;
     let mut acc = [[_mm256_setzero_ps(); 4]; T];
-    let mut cursor = ScaleCursor::new(scales, if G { group / W } else { 1 });
-    let mut scaled = |w: __m256| {
+    // Scales: one per iteration of four chunks when groups are whole
+    // iterations, else one per chunk; leftover chunks look theirs up.
+    let coarse = G && group.is_multiple_of(4 * W);
+    let per = if coarse {
+        group / (4 * W)
+    } else {
+        (group / W).max(1)
+    };
+    let mut cursor = ScaleCursor::new(scales, per);
+    let scale_at = |c: usize, w: __m256| {
         if G {
-            _mm256_mul_ps(w, _mm256_set1_ps(cursor.next_scale()))
+            _mm256_mul_ps(w, _mm256_set1_ps(scales[W * c / group]))
         } else {
             w
         }
@@ -191,18 +202,29 @@ unsafe fn row_dot<U: Unpack, const T: usize, const G: bool>(
     // is copied into a local buffer and read from `xs` with a mask.
     unsafe {
         while c + 4 <= nfull {
-            let w = U::four(p, c);
+            // A hint only: never faults, so it may point past the row.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c * U::BYTES + PREFETCH).cast());
+            let mut w = U::four(p, c);
+            if coarse {
+                let s = _mm256_set1_ps(cursor.next_scale());
+                for wk in &mut w {
+                    *wk = _mm256_mul_ps(*wk, s);
+                }
+            } else if G {
+                for wk in &mut w {
+                    *wk = _mm256_mul_ps(*wk, _mm256_set1_ps(cursor.next_scale()));
+                }
+            }
             for k in 0..4 {
-                let wk = scaled(w[k]);
                 for t in 0..T {
                     let x = _mm256_loadu_ps(xs[t].add(W * (c + k)));
-                    acc[t][k] = _mm256_fmadd_ps(wk, x, acc[t][k]);
+                    acc[t][k] = _mm256_fmadd_ps(w[k], x, acc[t][k]);
                 }
             }
             c += 4;
         }
         while c < nfull {
-            let wk = scaled(U::one(p, c));
+            let wk = scale_at(c, U::one(p, c));
             for t in 0..T {
                 acc[t][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(xs[t].add(W * c)), acc[t][0]);
             }
@@ -213,7 +235,7 @@ unsafe fn row_dot<U: Unpack, const T: usize, const G: bool>(
             let mut buf = [0u8; 32];
             let off = c * U::BYTES;
             ptr::copy_nonoverlapping(p.add(off), buf.as_mut_ptr(), nbytes - off);
-            let wk = scaled(U::one(buf.as_ptr(), 0));
+            let wk = scale_at(c, U::one(buf.as_ptr(), 0));
             let m = _mm256_cmpgt_epi32(
                 _mm256_set1_epi32(rem as i32),
                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),

@@ -15,6 +15,9 @@ use crate::kernels::RowRef;
 use crate::kernels::q8::{Q8_BLOCK, QActs, dot_ref};
 use crate::quant::QFormat;
 
+/// How far ahead of the current block the weights are prefetched, in bytes.
+const PREFETCH: usize = 2048;
+
 /// Turns one block of packed weights into 64 unsigned bytes.
 trait Bytes64 {
     /// Packed bytes per 64 columns.
@@ -91,6 +94,8 @@ unsafe fn row_dot<U: Bytes64, const G: bool>(
     let (q, d, ls) = (a.values().as_ptr(), a.block_scales(), a.lane_sums().as_ptr());
     let mut acc = [_mm512_setzero_ps(); 2];
     for b in 0..blocks {
+        // A hint only: never faults, so it may point past the row.
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(b * U::BYTES + PREFETCH).cast());
         // SAFETY: blocks below `full` lie inside the row; the last, partial
         // one is copied into a zeroed local buffer. `q` and `ls` are padded
         // to whole blocks.
