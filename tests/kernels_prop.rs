@@ -198,3 +198,22 @@ fn dispatch_is_one_of_the_available_sets() {
     let best = colibri::kernels::dispatch();
     assert!(Kernels::available().contains(&best), "{}", best.name);
 }
+
+#[test]
+fn read_sum_agrees_across_kernel_sets() {
+    let bytes: Vec<u8> = (0..100_003u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let want = Kernels::scalar().read_sum(&bytes);
+    for k in Kernels::available() {
+        for len in [0, 7, 8, 255, 256, 1000, bytes.len()] {
+            assert_eq!(
+                k.read_sum(&bytes[..len]),
+                Kernels::scalar().read_sum(&bytes[..len]),
+                "{} {len}",
+                k.name
+            );
+        }
+        assert_eq!(k.read_sum(&bytes), want, "{}", k.name);
+    }
+}

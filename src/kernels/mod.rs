@@ -249,6 +249,23 @@ impl Kernels {
         q8::dot_ref(row, a)
     }
 
+    /// Wrapping sum of the little-endian u64 words of `bytes` (a trailing
+    /// partial word is ignored). It is the memory-read roofline benches
+    /// compare the matvec kernels with: the same wide loads and prefetching,
+    /// no arithmetic to speak of.
+    pub fn read_sum(&self, bytes: &[u8]) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512 {
+            // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F.
+            return unsafe { x86::avx512::read_sum(bytes) };
+        }
+        bytes.chunks_exact(8).fold(0u64, |a, w| {
+            a.wrapping_add(u64::from_le_bytes([
+                w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+            ]))
+        })
+    }
+
     /// `T` dot products of one row; lengths already checked.
     #[inline]
     fn dot_n<const T: usize>(&self, row: &RowRef<'_>, xs: [&[f32]; T]) -> [f32; T] {

@@ -286,3 +286,33 @@ pub(crate) unsafe fn dot_n<const T: usize>(row: &RowRef<'_>, xs: [&[f32]; T]) ->
         }
     }
 }
+
+/// Wrapping sum of the little-endian u64 words of `bytes` (a trailing
+/// partial word is ignored), with the kernels' loads and prefetch distance.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+pub(crate) unsafe fn read_sum(bytes: &[u8]) -> u64 {
+    let p = bytes.as_ptr();
+    let blocks = bytes.len() / 256;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    for b in 0..blocks {
+        // SAFETY: block `b`'s 256 bytes lie inside `bytes`; the prefetch is
+        // a hint that never faults.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(256 * b + PREFETCH).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(256 * b + PREFETCH + 128).cast());
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_add_epi64(*a, _mm512_loadu_si512(p.add(256 * b + 64 * k).cast()));
+            }
+        }
+    }
+    let s = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
+    let tail = bytes[256 * blocks..].chunks_exact(8).fold(0u64, |a, w| {
+        a.wrapping_add(u64::from_le_bytes([
+            w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+        ]))
+    });
+    (_mm512_reduce_add_epi64(s) as u64).wrapping_add(tail)
+}
