@@ -1,7 +1,9 @@
 //! Model configurations read from a checkpoint's `config.json`.
 
+pub mod glm;
 pub mod olmoe;
 
+pub use glm::GlmConfig;
 pub use olmoe::OlmoeConfig;
 
 use std::path::{Path, PathBuf};

@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use colibri_actors::{BlockingSource, ExpertMap, ExpertSource, SourceStats};
 
-use crate::config::{ConfigError, OlmoeConfig, read_json};
+use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
+use crate::model::glm::{self, Glm, GlmPredictor};
 use crate::model::lm::LanguageModel;
 use crate::model::olmoe::{self, LoadOptions, Olmoe, OlmoePredictor};
 use crate::quant::QFormat;
@@ -84,6 +85,24 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<(Box<dyn LanguageMode
             let source = factory.build(map, codec, Some(predict))?;
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(Olmoe::new(cfg, dense, source)), stops))
+        }
+        "glm_moe_dsa" | "deepseek_v3" => {
+            let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
+            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+            let mtp = glm::mtp_available(&cfg, &ck);
+            let with_mtp = mtp.is_ok();
+            let dense = Arc::new(glm::load_dense(&cfg, &ck, load, with_mtp)?);
+            let (map, codec) = glm::expert_map(&cfg, &ck, load, with_mtp)?;
+            drop(ck);
+            let predictor = GlmPredictor {
+                cfg: cfg.clone(),
+                weights: dense.clone(),
+            };
+            let predict: PredictFn =
+                Arc::new(move |layer, residual, k| predictor.predict(layer, residual, k));
+            let source = factory.build(map, codec, Some(predict))?;
+            let stops = stop_ids(dir, cfg.eos_ids());
+            Ok((Box::new(Glm::new(cfg, dense, source, mtp.err())), stops))
         }
         other => Err(ModelError::from(ConfigError::ModelType {
             path,
