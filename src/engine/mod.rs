@@ -3,6 +3,7 @@
 
 mod generate;
 mod options;
+pub mod speculative;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::EngineOptions;
