@@ -389,7 +389,7 @@ impl GlmConfig {
                 let offset = self.index_skip_topk_offset.unwrap_or(2) as i64;
                 Ok((0..self.num_hidden_layers)
                     .map(|i| {
-                        if (i as i64 - offset + 1).max(0) as usize % freq == 0 {
+                        if ((i as i64 - offset + 1).max(0) as usize).is_multiple_of(freq) {
                             IndexerKind::Full
                         } else {
                             IndexerKind::Shared

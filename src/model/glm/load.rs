@@ -241,8 +241,9 @@ pub fn expert_map(
     let total_layers = cfg.num_hidden_layers + usize::from(with_mtp);
     let mut map = ExpertMap::new(ck.files().to_vec(), total_layers, cfg.n_routed_experts);
     let mut layout: Option<ExpertLayout> = None;
+    #[allow(clippy::needless_range_loop)]
     for l in 0..total_layers {
-        if l < cfg.num_hidden_layers && !sparse[l] {
+        if !sparse.get(l).copied().unwrap_or(true) {
             continue;
         }
         for e in 0..cfg.n_routed_experts {
