@@ -451,12 +451,40 @@ def write_ref(out_dir, name, seed, scale, prompt, r, mtp):
         f.write("\n")
 
 
+def write_fp8_reference(out):
+    """fixtures/glm-fp8/fp8_ref.safetensors: every e4m3 byte and its torch value, and a
+    [130, 260] F8_E4M3 matrix with [2, 3] block scales (weight_scale_inv, 128x128 blocks)
+    and its dequantization computed by torch (w.float() * scale_inv per block)."""
+    d = os.path.join(out, "glm-fp8")
+    os.makedirs(d, exist_ok=True)
+    all_bytes = torch.arange(256, dtype=torch.uint8)
+    all_vals = all_bytes.view(torch.float8_e4m3fn).float()
+    gen = torch.Generator().manual_seed(7)
+    w = (torch.randn((130, 260), generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand((2, 3), generator=gen) * 0.01 + 1e-4
+    full = s.repeat_interleave(128, 0)[:130].repeat_interleave(128, 1)[:, :260]
+    expected = w.float() * full
+    save_file(
+        {
+            "all": all_bytes.view(torch.float8_e4m3fn),
+            "all_f32": torch.nan_to_num(all_vals, nan=12345.0),
+            "w": w,
+            "w_scale_inv": s.float(),
+            "expected": expected.float().contiguous(),
+        },
+        os.path.join(d, "fp8_ref.safetensors"),
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "fixtures"))
     ap.add_argument("--only", default=None)
     args = ap.parse_args()
     out = os.path.abspath(args.out)
+    write_fp8_reference(out)
+    if args.only == "fp8":
+        return
     for name, spec in SHAPES.items():
         if args.only and name != args.only:
             continue
