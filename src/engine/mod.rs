@@ -4,6 +4,7 @@
 mod generate;
 mod options;
 pub mod profile;
+pub mod speculative;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::EngineOptions;
@@ -16,9 +17,10 @@ use colibri_actors::{
     ExpertMap, ExpertSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor, SimSpec, SourceStats,
 };
 
-use crate::config::{ConfigError, OlmoeConfig, read_json};
+use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
+use crate::model::glm::{self, Glm, GlmPredictor};
 use crate::model::lm::LanguageModel;
 use crate::model::olmoe::{self, LoadOptions, Olmoe, OlmoePredictor};
 use crate::quant::QFormat;
@@ -150,6 +152,30 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<(Box<dyn LanguageMode
             let source = factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(Olmoe::new(cfg, dense, source)), stops))
+        }
+        "glm_moe_dsa" | "deepseek_v3" => {
+            let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
+            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+            let mtp = glm::mtp_available(&cfg, &ck);
+            let with_mtp = mtp.is_ok();
+            let dense = Arc::new(glm::load_dense(&cfg, &ck, load, with_mtp)?);
+            let (map, codec) = glm::expert_map(&cfg, &ck, load, with_mtp)?;
+            drop(ck);
+            let predictor: Arc<dyn Predictor> = Arc::new(GlmPredictor {
+                cfg: cfg.clone(),
+                weights: dense.clone(),
+            });
+            // The compressed cache: latent + rope key (+ indexer key) per position.
+            let per_pos = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim();
+            let needs = MemoryNeeds {
+                dense_bytes: dense.resident_bytes() as u64,
+                kv_bytes: (cfg.num_hidden_layers * per_pos * 4) as u64
+                    * cfg.max_position_embeddings as u64
+                    * opts.kv_slots.max(1) as u64,
+            };
+            let source = factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
+            let stops = stop_ids(dir, cfg.eos_ids());
+            Ok((Box::new(Glm::new(cfg, dense, source, mtp.err())), stops))
         }
         other => Err(ModelError::from(ConfigError::ModelType {
             path,
