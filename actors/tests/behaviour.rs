@@ -201,7 +201,9 @@ fn demand_goes_before_prefetch() {
         src.pin(&keys(0, &[2, 4, 5]));
         let (s, k) = (src.clone(), keys(1, &[1]));
         let demand = std::thread::spawn(move || s.fetch(Tag::new(0, 0, 1), &k, &mut |_, _| Ok(())).is_ok());
-        eventually("the demand miss is queued", || src.profile().misses == 1);
+        eventually("the demand read is in the I/O queue", || {
+            src.profile().demand_queued == 1
+        });
         for _ in 0..5 {
             let _ = open.send(());
         }

@@ -3,8 +3,6 @@
 
 use std::time::Instant;
 
-use colibri_actors::Tag;
-
 use super::speculative::{self, Speculator};
 use super::{Engine, EngineError};
 use crate::model::lm::{Logits, SequenceState};
@@ -44,8 +42,6 @@ impl GenStats {
 pub struct Session {
     pub kv: Box<dyn SequenceState>,
     pub tokens: Vec<u32>,
-    pub generation: u64,
-    step: u64,
     /// Logits after the last token in `tokens`, when known.
     pub(super) last_logits: Option<Vec<f32>>,
     /// Speculative decoding for greedy generation (off when `None`).
@@ -57,8 +53,6 @@ impl Session {
         Self {
             kv,
             tokens: Vec::new(),
-            generation: 0,
-            step: 0,
             last_logits: None,
             spec: None,
         }
@@ -68,7 +62,6 @@ impl Session {
         self.kv.truncate(0);
         self.tokens.clear();
         self.last_logits = None;
-        self.generation += 1;
     }
 
     /// Keeps only the first `n` tokens (prefix reuse).
@@ -80,14 +73,9 @@ impl Session {
         }
     }
 
-    pub(super) fn next_tag(&mut self) -> Tag {
-        self.step += 1;
-        Tag::new(self.generation, self.step, 0)
-    }
-
     /// Runs `tokens` into the cache and returns the logits after the last one.
     pub fn feed(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let tag = self.next_tag();
+        let tag = engine.next_tag();
         let logits = engine
             .model
             .forward(tokens, self.kv.as_mut(), tag, Logits::Last)?;

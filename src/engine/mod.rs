@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use colibri_actors::cache::default_ram_budget;
 use colibri_actors::{
-    ExpertMap, ExpertSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor, SimSpec, SourceStats,
+    ExpertMap, ExpertSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor, SimSpec,
+    SourceStats, Tag,
 };
 
 use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
@@ -191,6 +192,11 @@ pub struct Engine {
     pub model: Box<dyn LanguageModel>,
     pub tokenizer: Option<Tokenizer>,
     pub stop_ids: Vec<u32>,
+    /// The engine-wide token-step clock. Every forward pass of every
+    /// session gets a newer tag than all before it, because the expert
+    /// source treats older tags as stale work to drop.
+    generation: u64,
+    step: u64,
 }
 
 impl Engine {
@@ -208,7 +214,23 @@ impl Engine {
             model,
             tokenizer,
             stop_ids,
+            generation: 0,
+            step: 0,
         })
+    }
+
+    /// The tag for the next forward pass (newer than every earlier one).
+    pub fn next_tag(&mut self) -> Tag {
+        self.step += 1;
+        Tag::new(self.generation, self.step, 0)
+    }
+
+    /// Abandons the work in flight: in-flight expert loads and waiting
+    /// fetches of older tags are dropped by the pipeline.
+    pub fn cancel_in_flight(&mut self) {
+        self.generation += 1;
+        let tag = self.next_tag();
+        self.model.source().advance(tag);
     }
 
     /// The tokenizer, or a clear error naming the missing file.

@@ -11,8 +11,6 @@
 //! for any model. Drafting switches itself off when too few drafts are
 //! accepted for the verification batches to pay.
 
-use colibri_actors::Tag;
-
 use super::generate::{GenStats, Session, StopReason};
 use super::{Engine, EngineError};
 use crate::model::glm::ABSORB_MAX_TOKENS as MAX_VERIFY_TOKENS;
@@ -151,10 +149,6 @@ pub fn ngram_draft(ids: &[u32], k: usize) -> Vec<u32> {
     Vec::new()
 }
 
-fn next_tag(session: &mut Session) -> Tag {
-    session.next_tag()
-}
-
 /// Greedy generation with drafts (what [`Session::generate`] runs when the
 /// session has a [`Speculator`] and the sampler is greedy).
 pub(super) fn generate(
@@ -216,7 +210,7 @@ pub(super) fn generate(
                     ngram_draft(&ids, k)
                 }
                 _ => {
-                    let tag = next_tag(session);
+                    let tag = engine.next_tag();
                     engine.model.draft(session.kv.as_mut(), id, k, tag)?
                 }
             }
@@ -231,7 +225,7 @@ pub(super) fn generate(
         let mut batch = Vec::with_capacity(1 + drafts.len());
         batch.push(id);
         batch.extend_from_slice(&drafts);
-        let tag = next_tag(session);
+        let tag = engine.next_tag();
         let out = engine
             .model
             .forward(&batch, session.kv.as_mut(), tag, Logits::All)?;

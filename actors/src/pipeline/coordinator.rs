@@ -301,14 +301,18 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             self.overflow.push_back(req);
             return;
         }
-        if let Err(TrySendError::Full(r)) = self.pool.try_submit(req) {
-            self.overflow.push_back(r);
+        match self.pool.try_submit(req) {
+            Ok(()) => Counters::add(&self.counters.demand_queued, 1),
+            Err(TrySendError::Full(r)) => self.overflow.push_back(r),
+            Err(TrySendError::Disconnected(_)) => {}
         }
     }
 
     fn flush_overflow(&mut self) {
         while let Some(req) = self.overflow.pop_front() {
+            let demand = req.priority == Priority::Demand;
             match self.pool.try_submit(req) {
+                Ok(()) if demand => Counters::add(&self.counters.demand_queued, 1),
                 Ok(()) => {}
                 Err(TrySendError::Full(r)) => {
                     self.overflow.push_front(r);

@@ -108,6 +108,8 @@ counters!(
     cache_entries,
     // Fetch calls and where their time went.
     fetches,
+    // Demand reads handed to the I/O workers' queue.
+    demand_queued,
     cancelled,
     fetch_ns,
     wait_ns,

@@ -70,6 +70,7 @@ pub fn moe_block(
     let mut outputs: Vec<Option<Vec<f32>>> = vec![None; wanted.len()];
     source.fetch(tag, &keys, &mut |i, expert| {
         let e = wanted[i];
+        let _s = tracing::trace_span!("expert_matmul", layer = tag.layer, expert = e).entered();
         let m = users[e].len();
         let mut xin = Vec::with_capacity(m * hidden);
         for &(t, _) in &users[e] {
