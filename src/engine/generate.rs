@@ -3,8 +3,6 @@
 
 use std::time::Instant;
 
-use colibri_actors::Tag;
-
 use super::{Engine, EngineError};
 use crate::model::lm::{Logits, SequenceState};
 use crate::sampling::Sampler;
@@ -44,7 +42,6 @@ pub struct Session {
     pub kv: Box<dyn SequenceState>,
     pub tokens: Vec<u32>,
     pub generation: u64,
-    step: u64,
     /// Logits after the last token in `tokens`, when known.
     last_logits: Option<Vec<f32>>,
 }
@@ -55,7 +52,6 @@ impl Session {
             kv,
             tokens: Vec::new(),
             generation: 0,
-            step: 0,
             last_logits: None,
         }
     }
@@ -76,14 +72,13 @@ impl Session {
         }
     }
 
-    fn next_tag(&mut self) -> Tag {
-        self.step += 1;
-        Tag::new(self.generation, self.step, 0)
-    }
 
     /// Runs `tokens` into the cache and returns the logits after the last one.
     pub fn feed(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let tag = self.next_tag();
+        // Engine-wide steps (see Engine::next_tag); the session's generation is
+        // not used, because slots reset independently and a tag compares
+        // generation first.
+        let tag = engine.next_tag(0);
         let logits = engine
             .model
             .forward(tokens, self.kv.as_mut(), tag, Logits::Last)?;

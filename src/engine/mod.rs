@@ -168,6 +168,11 @@ pub struct Engine {
     pub model: Box<dyn LanguageModel>,
     pub tokenizer: Option<Tokenizer>,
     pub stop_ids: Vec<u32>,
+    /// Forward passes so far: the step of every pass's tag. Engine-wide, so
+    /// tags stay increasing when several sessions (serve slots) take turns;
+    /// per-session counters would make one slot's passes look stale to the
+    /// pipeline after another slot ran.
+    steps: u64,
 }
 
 impl Engine {
@@ -185,6 +190,7 @@ impl Engine {
             model,
             tokenizer,
             stop_ids,
+            steps: 0,
         })
     }
 
@@ -193,6 +199,13 @@ impl Engine {
         self.tokenizer
             .as_ref()
             .ok_or_else(|| TokenizerError::Missing(self.dir.join("tokenizer.json")))
+    }
+
+    /// The tag of the next forward pass of `generation`: steps increase across
+    /// every session of this engine.
+    pub fn next_tag(&mut self, generation: u64) -> colibri_actors::Tag {
+        self.steps += 1;
+        colibri_actors::Tag::new(generation, self.steps, 0)
     }
 
     pub fn stats(&self) -> SourceStats {
