@@ -18,12 +18,18 @@ fn no_save() -> Vec<&'static str> {
 
 #[test]
 fn handshake_plain_line_reset_and_eof() {
-    let mut s = Server::start(&tiny_chat_model(), &["--no-kv-save", "--temperature", "0", "--max-tokens", "24"]);
+    let mut s = Server::start(
+        &tiny_chat_model(),
+        &["--no-kv-save", "--temperature", "0", "--max-tokens", "24"],
+    );
     let r = s.line("hello");
     assert_eq!(r.stat.len(), 6, "{r:?}");
-    assert!(r.text.ends_with(b"\n"), "a chat reply ends with a newline before END: {r:?}");
+    assert!(
+        r.text.ends_with(b"\n"),
+        "a chat reply ends with a newline before END: {r:?}"
+    );
     let emitted = r.field(0);
-    assert!(emitted >= 1 && emitted <= 24, "{r:?}");
+    assert!((1..=24).contains(&emitted), "{r:?}");
     assert!(r.field(4) > 0, "prompt tokens of the turn: {r:?}");
     assert!(r.stat[5] == "0" || r.stat[5] == "1");
     assert_eq!(r.stat[5] == "1", emitted == 24, "{r:?}");
@@ -112,20 +118,20 @@ fn malformed_frames_are_answered_and_the_stream_stays_in_sync() {
     };
     let over = (16usize << 20) + 1;
     let bad: Vec<Vec<u8>> = vec![
-        b"\x02PROMPT abc 5 0 1\n".to_vec(),                   // unparsable length: no body
-        b"\x02PROMPT -5 5 0 1\n".to_vec(),                    // negative length
-        format!("\x02PROMPT {over} 5 0 1\n").into_bytes(),    // over 16 MiB
+        b"\x02PROMPT abc 5 0 1\n".to_vec(), // unparsable length: no body
+        b"\x02PROMPT -5 5 0 1\n".to_vec(),  // negative length
+        format!("\x02PROMPT {over} 5 0 1\n").into_bytes(), // over 16 MiB
         b"\x02PROMPT 99999999999999999999999 5 0 1\n".to_vec(), // overflowing length
-        b"\x02PROMPT 2 x 0 1\nhi\n".to_vec(),                 // bad max_tokens, body consumed
-        b"\x02PROMPT 2 5 NaN 1\nhi\n".to_vec(),               // NaN temperature
-        b"\x02PROMPT 2 5 0 inf\nhi\n".to_vec(),               // bad top_p
-        b"\x02PROMPT 2 5 0 1 2\nhi\n".to_vec(),               // slot out of range (2 slots)
-        b"\x02PROMPT 2 5 0 1 0 seedy\nhi\n".to_vec(),         // bad seed
-        b"\x02PROMPT 3 5 0 1\nh\0i\n".to_vec(),               // NUL in the prompt
-        b"\x02PROMPT 2 5 0\nhi\n".to_vec(),                   // too few fields
-        b"\x02PROMPT\n".to_vec(),                             // no length
-        b"\x02FROB\n".to_vec(),                               // unknown command
-        b"\x02PROMPT 2 5 0 1\n\xff\xfe\n".to_vec(),           // not UTF-8
+        b"\x02PROMPT 2 x 0 1\nhi\n".to_vec(), // bad max_tokens, body consumed
+        b"\x02PROMPT 2 5 NaN 1\nhi\n".to_vec(), // NaN temperature
+        b"\x02PROMPT 2 5 0 inf\nhi\n".to_vec(), // bad top_p
+        b"\x02PROMPT 2 5 0 1 2\nhi\n".to_vec(), // slot out of range (2 slots)
+        b"\x02PROMPT 2 5 0 1 0 seedy\nhi\n".to_vec(), // bad seed
+        b"\x02PROMPT 3 5 0 1\nh\0i\n".to_vec(), // NUL in the prompt
+        b"\x02PROMPT 2 5 0\nhi\n".to_vec(), // too few fields
+        b"\x02PROMPT\n".to_vec(),           // no length
+        b"\x02FROB\n".to_vec(),             // unknown command
+        b"\x02PROMPT 2 5 0 1\n\xff\xfe\n".to_vec(), // not UTF-8
     ];
     for frame in &bad {
         s.send(frame);
@@ -157,7 +163,11 @@ fn two_slots_interleaved_do_not_disturb_each_other() {
     let ra2 = s.prompt(&a2, &format!("12 {GREEDY} 0"));
     let rb2 = s.prompt(&b1, &format!("12 {GREEDY} 1"));
     assert_eq!(rb2.text, rb.text, "slot 1 untouched by slot 0");
-    assert_eq!(rb2.field(4), 1, "slot 1 kept its prompt: only the last token re-fed");
+    assert_eq!(
+        rb2.field(4),
+        1,
+        "slot 1 kept its prompt: only the last token re-fed"
+    );
     assert!(ra2.field(4) < a2.len(), "slot 0 reused its prefix: {ra2:?}");
 
     // Slot 0 alone in another process gives the same replies.
@@ -190,7 +200,11 @@ fn prompt_tokens_counts_only_the_prefilled_tail() {
     let r2 = s.prompt(p2.as_bytes(), &format!("4 {GREEDY}"));
     let tail = t2.len() - lcp(&t1, &t2);
     let got = r2.field(4);
-    assert!(got == tail || got + 1 == tail, "prefilled {got}, tail {tail}, prompt {}", t2.len());
+    assert!(
+        got == tail || got + 1 == tail,
+        "prefilled {got}, tail {tail}, prompt {}",
+        t2.len()
+    );
     assert!(got < t2.len());
     assert!(s.finish().0.success());
 }
@@ -204,7 +218,10 @@ fn restart_and_resume_gives_the_same_reply() {
     let raw1 = b"<|user|>\nWhat is a boat?\n<|assistant|>\n".to_vec();
 
     let dir_a = state_dir();
-    let mut a = Server::start(&model, &[&flags[..], &["--state-dir", dir_a.path().to_str().unwrap()]].concat());
+    let mut a = Server::start(
+        &model,
+        &[&flags[..], &["--state-dir", dir_a.path().to_str().unwrap()]].concat(),
+    );
     let a1 = a.line("what is a tree?");
     let a2 = a.line("and a bush?");
     let ar1 = a.prompt(&raw1, &format!("10 {GREEDY} 1"));
@@ -227,10 +244,18 @@ fn restart_and_resume_gives_the_same_reply() {
     let mut b2 = Server::start(&model, &[&flags[..], &dir_flag[..]].concat());
     let b2_2 = b2.line("and a bush?");
     assert_eq!(b2_2.text_str(), a2.text_str());
-    assert_eq!(b2_2.field(4), a2.field(4), "the resumed turn prefills the same tokens");
+    assert_eq!(
+        b2_2.field(4),
+        a2.field(4),
+        "the resumed turn prefills the same tokens"
+    );
     let br2 = b2.prompt(&raw2, &format!("10 {GREEDY} 1"));
     assert_eq!(br2.text, ar2.text);
-    assert_eq!(br2.field(4), ar2.field(4), "resumed slot 1 reuses its prefix from disk");
+    assert_eq!(
+        br2.field(4),
+        ar2.field(4),
+        "resumed slot 1 reuses its prefix from disk"
+    );
     let (st, err) = b2.finish();
     assert!(st.success());
     assert!(err.contains("resumed"), "{err}");
@@ -256,13 +281,27 @@ fn a_state_file_of_another_model_is_ignored() {
     // The OLMoE fixture has another shape: the file is ignored, serving works.
     let mut f = Server::start(&olmoe_fixture(), &flag);
     let r = f.prompt(b"hello world", &format!("4 {GREEDY}"));
-    assert_eq!(r.field(4), Tokenizer::load(&olmoe_fixture()).unwrap().encode("hello world").unwrap().len());
+    assert_eq!(
+        r.field(4),
+        Tokenizer::load(&olmoe_fixture())
+            .unwrap()
+            .encode("hello world")
+            .unwrap()
+            .len()
+    );
     let (st, err) = f.finish();
     assert!(st.success());
-    assert!(err.contains("ignoring") && err.contains("different model"), "{err}");
+    assert!(
+        err.contains("ignoring") && err.contains("different model"),
+        "{err}"
+    );
 
     // Garbage in the file: ignored too.
-    std::fs::write(dir.path().join(".coli_kv"), b"not a state file at all, clearly not").unwrap();
+    std::fs::write(
+        dir.path().join(".coli_kv"),
+        b"not a state file at all, clearly not",
+    )
+    .unwrap();
     let mut g = Server::start(&tiny_chat_model(), &flag);
     let r = g.prompt(b"<|user|>\nhi\n<|assistant|>\n", &format!("4 {GREEDY}"));
     assert!(r.field(0) >= 1);
@@ -301,7 +340,10 @@ fn kv_slots_is_validated() {
 
 #[test]
 fn fixture_model_serves_with_its_template() {
-    let mut s = Server::start(&olmoe_fixture(), &["--no-kv-save", "--temperature", "0", "--max-tokens", "5"]);
+    let mut s = Server::start(
+        &olmoe_fixture(),
+        &["--no-kv-save", "--temperature", "0", "--max-tokens", "5"],
+    );
     let r = s.line("hello");
     assert_eq!(r.stat.len(), 6);
     assert!(r.field(4) > 0);
@@ -336,7 +378,10 @@ fn chat_piped_replies_and_quits() {
     assert!(out.starts_with("> "), "{out:?}");
     let reply = out.trim_start_matches("> ");
     assert!(reply.trim_end_matches("> ").trim().len() > 1, "{out:?}");
-    assert!(err.contains("tok/s") && err.contains("hit rate") && err.contains("first token"), "{err}");
+    assert!(
+        err.contains("tok/s") && err.contains("hit rate") && err.contains("first token"),
+        "{err}"
+    );
 
     // :more, :reset and EOF without :q.
     let (ok, out, err) = chat(
@@ -346,6 +391,9 @@ fn chat_piped_replies_and_quits() {
     assert!(ok, "{err}");
     assert_eq!(out.matches("> ").count(), 5, "{out:?}");
     let turns: Vec<&str> = out.split("> ").collect();
-    assert_eq!(turns[1], turns[4], "after :reset the same question gets the same greedy reply");
+    assert_eq!(
+        turns[1], turns[4],
+        "after :reset the same question gets the same greedy reply"
+    );
     assert!(err.contains(":more continues"), "{err}");
 }

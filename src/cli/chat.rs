@@ -177,7 +177,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         continuable: false,
         turns: 0,
     };
-    eprintln!("coli chat: {} (:more continues, :reset starts over, :q quits)", dir.display());
+    eprintln!(
+        "coli chat: {} (:more continues, :reset starts over, :q quits)",
+        dir.display()
+    );
     let mut out = std::io::stdout().lock();
     let mut input = std::io::stdin().lock();
     let mut line = String::new();

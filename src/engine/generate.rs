@@ -72,7 +72,6 @@ impl Session {
         }
     }
 
-
     /// Runs `tokens` into the cache and returns the logits after the last one.
     pub fn feed(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
         // Engine-wide steps (see Engine::next_tag); the session's generation is

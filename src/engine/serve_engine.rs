@@ -159,7 +159,10 @@ impl EngineServer {
 
     /// Runs a store operation; a failure turns saving off (with a message)
     /// instead of stopping the conversation.
-    fn with_store(&mut self, op: impl FnOnce(&mut SlotStore, &[Session]) -> Result<(), colibri_actors::kv::KvError>) {
+    fn with_store(
+        &mut self,
+        op: impl FnOnce(&mut SlotStore, &[Session]) -> Result<(), colibri_actors::kv::KvError>,
+    ) {
         let Some(store) = self.store.as_mut() else {
             return;
         };

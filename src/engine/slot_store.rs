@@ -51,9 +51,7 @@ impl SlotStore {
         max_ctx: usize,
         diag: &mut dyn Write,
     ) -> Option<Self> {
-        let Some(first) = slots.first() else {
-            return None;
-        };
+        let first = slots.first()?;
         let layout = kv_layout(model_fingerprint, first.kv.record_bytes());
         let mut files = Vec::with_capacity(slots.len());
         let mut persisted = Vec::with_capacity(slots.len());

@@ -39,7 +39,9 @@ pub struct Reply {
 
 impl Reply {
     pub fn field(&self, i: usize) -> usize {
-        self.stat[i].parse().unwrap_or_else(|_| panic!("STAT field {i} of {:?}", self.stat))
+        self.stat[i]
+            .parse()
+            .unwrap_or_else(|_| panic!("STAT field {i} of {:?}", self.stat))
     }
     pub fn is_malformed(&self) -> bool {
         self.text.is_empty()
