@@ -80,12 +80,12 @@ pub fn teacher_forcing(engine: &mut Engine, r: &Reference) -> anyhow::Result<(us
         );
     }
     let mut state = engine.model.new_state();
-    let logits = engine.model.forward(
-        &r.full_ids,
-        state.as_mut(),
-        colibri_actors::Tag::new(0, 1, 0),
-        Logits::All,
-    )?;
+    // A fresh engine-wide tag: a fixed one would look stale to the expert
+    // pipeline after a greedy run on the same engine.
+    let tag = engine.next_tag(0);
+    let logits = engine
+        .model
+        .forward(&r.full_ids, state.as_mut(), tag, Logits::All)?;
     let vocab = engine.model.vocab_size();
     let mut matching = 0;
     let positions: Vec<usize> = (0..r.full_ids.len()).collect();
