@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use colibri::cli::{Cli, Command, convert, run, validate};
+use colibri::cli::{Cli, Command, chat, convert, run, serve, validate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -11,6 +11,8 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a).map(|_| true),
         Command::Validate(a) => validate::run(a),
         Command::Convert(a) => convert::run(a).map(|_| true),
+        Command::Serve(a) => serve::run(a).map(|_| true),
+        Command::Chat(a) => chat::run(a).map(|_| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

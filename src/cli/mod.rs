@@ -1,7 +1,9 @@
 //! The `coli` command line (CONTRACTS.md section 1).
 
+pub mod chat;
 pub mod convert;
 pub mod run;
+pub mod serve;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -26,6 +28,10 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     /// Write a streaming container (quantized experts, one read per expert).
     Convert(convert::ConvertArgs),
+    /// Serve the stdin/stdout protocol (front ends drive this).
+    Serve(serve::ServeArgs),
+    /// Interactive chat in the terminal.
+    Chat(chat::ChatArgs),
 }
 
 impl Command {
@@ -34,6 +40,8 @@ impl Command {
         match self {
             Command::Run(a) => Some(&a.engine),
             Command::Validate(a) => Some(&a.engine),
+            Command::Serve(a) => Some(&a.engine),
+            Command::Chat(a) => Some(&a.engine),
             Command::Convert(_) => None,
         }
     }

@@ -4,10 +4,14 @@
 mod generate;
 mod options;
 pub mod profile;
+mod serve_engine;
+mod slot_store;
 pub mod speculative;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::EngineOptions;
+pub use serve_engine::{EngineServer, LastCall, ServeEngineError, SlotOptions};
+pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

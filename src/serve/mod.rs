@@ -51,4 +51,4 @@ mod session;
 pub use error::ServeError;
 pub use frame::{Frame, FrameLimits, FrameReader, MAX_PROMPT_BYTES};
 pub use rss::rss_gb;
-pub use session::{GenOutcome, GenParams, ServeConfig, ServeEngine, run_serve};
+pub use session::{GenOutcome, GenParams, MAX_KV_SLOTS, ServeConfig, ServeEngine, run_serve};

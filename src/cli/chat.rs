@@ -1,0 +1,206 @@
+//! `coli chat`: an interactive conversation in the terminal, on the same
+//! engine as `coli serve`. Reads one line per turn from stdin (so it also
+//! works piped); `:more` continues a reply cut at the token limit, `:reset`
+//! starts over, `:q` or EOF quits. Statistics of each turn go to stderr.
+
+use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::serve::{check_sampling, context_len};
+use super::{EngineArgs, ModelArg};
+use crate::chat_template::ChatMessage;
+use crate::engine::{Engine, EngineServer, SlotOptions};
+use crate::serve::{GenParams, ServeEngine};
+
+/// Positions kept free at the end of the context (as `coli serve`).
+const CTX_RESERVE: usize = 8;
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Tokens per reply.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Context length (default: the model's, at most 8192).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 = no top-k cut.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Seed of the first reply (later replies use seed+1, seed+2, ...); default: fresh.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// One conversation on slot 0 of an [`EngineServer`].
+struct Chat {
+    server: EngineServer,
+    history: Vec<ChatMessage>,
+    max_ctx: usize,
+    params: GenParams,
+    /// The last reply stopped at its token limit.
+    continuable: bool,
+    turns: u64,
+}
+
+impl Chat {
+    fn params(&mut self) -> GenParams {
+        self.turns += 1;
+        GenParams {
+            seed: self.params.seed.map(|s| s.wrapping_add(self.turns - 1)),
+            ..self.params
+        }
+    }
+
+    /// Streams one reply to `out`; returns its text.
+    fn generate(&mut self, tokens: &[u32], out: &mut dyn Write) -> anyhow::Result<String> {
+        let len_after = self.server.slot_tokens(0).len() + tokens.len();
+        let budget = self
+            .params
+            .max_tokens
+            .min(self.max_ctx.saturating_sub(len_after + 2));
+        let params = GenParams {
+            max_tokens: budget,
+            ..self.params()
+        };
+        let mut text = String::new();
+        let mut io_err = None;
+        let outcome = self
+            .server
+            .prefill_and_generate(0, tokens, &params, &mut |piece| {
+                text.push_str(piece);
+                match out.write_all(piece.as_bytes()).and_then(|()| out.flush()) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(e) => {
+                        io_err = Some(e);
+                        ControlFlow::Break(())
+                    }
+                }
+            })?;
+        if let Some(e) = io_err {
+            return Err(e.into());
+        }
+        writeln!(out)?;
+        out.flush()?;
+        self.continuable = outcome.emitted >= budget && budget > 0;
+        let last = self.server.last_call();
+        eprintln!(
+            "[{} tok, {:.2} tok/s, expert hit rate {:.1}%, first token {:.0} ms{}]",
+            outcome.emitted,
+            outcome.tok_per_s,
+            outcome.hit_pct,
+            last.first_token_secs * 1000.0,
+            if self.continuable { "; :more continues" } else { "" }
+        );
+        Ok(text)
+    }
+
+    fn turn(&mut self, line: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+        let mut text = self.server.render_user_turn(&self.history, line)?;
+        let mut tokens = self.server.tokenize(&text)?;
+        let held = self.server.slot_tokens(0).len();
+        if held > 0 && held + tokens.len() + CTX_RESERVE >= self.max_ctx {
+            eprintln!("coli chat: the conversation is full; starting a new one");
+            self.reset()?;
+            text = self.server.render_user_turn(&self.history, line)?;
+            tokens = self.server.tokenize(&text)?;
+        }
+        tokens.truncate(self.max_ctx.saturating_sub(CTX_RESERVE));
+        if tokens.is_empty() {
+            eprintln!("coli chat: the turn is empty after tokenization");
+            return Ok(());
+        }
+        self.history.push(ChatMessage::user(line));
+        let reply = self.generate(&tokens, out)?;
+        self.history.push(ChatMessage::assistant(&reply));
+        Ok(())
+    }
+
+    fn more(&mut self, out: &mut dyn Write) -> anyhow::Result<()> {
+        let held = self.server.slot_tokens(0);
+        let (true, Some(&last)) = (self.continuable, held.last()) else {
+            eprintln!("coli chat: nothing to continue");
+            return Ok(());
+        };
+        let len = held.len();
+        self.server.truncate_slot(0, len - 1)?;
+        let text = self.generate(&[last], out)?;
+        if let Some(m) = self.history.last_mut().filter(|m| m.role == "assistant") {
+            m.content.push_str(&text);
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> anyhow::Result<()> {
+        self.server.reset_slot(0)?;
+        self.history.clear();
+        self.continuable = false;
+        Ok(())
+    }
+}
+
+pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+    check_sampling(args.temperature, args.top_p)?;
+    let dir = args.model.resolve()?;
+    let engine =
+        Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
+    let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
+    let slot_opts = SlotOptions {
+        kv_slots: 1,
+        max_ctx,
+        top_k: args.top_k,
+        state_dir: None,
+    };
+    let server = EngineServer::new(engine, &slot_opts, Box::new(std::io::stderr()))
+        .with_context(|| format!("preparing {} for chat", dir.display()))?;
+    let mut chat = Chat {
+        server,
+        history: Vec::new(),
+        max_ctx,
+        params: GenParams {
+            max_tokens: args.max_tokens,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            seed: args.seed,
+        },
+        continuable: false,
+        turns: 0,
+    };
+    eprintln!(
+        "coli chat: {} (:more continues, :reset starts over, :q quits)",
+        dir.display()
+    );
+    let mut out = std::io::stdout().lock();
+    let mut input = std::io::stdin().lock();
+    let mut line = String::new();
+    loop {
+        write!(out, "> ")?;
+        out.flush()?;
+        line.clear();
+        if input.read_line(&mut line).context("reading stdin")? == 0 {
+            writeln!(out)?;
+            break;
+        }
+        let text = line.trim_end_matches(['\n', '\r']);
+        match text.trim() {
+            ":q" | ":quit" => break,
+            ":reset" => chat.reset()?,
+            ":more" => chat.more(&mut out)?,
+            "" => {}
+            _ => chat.turn(text, &mut out)?,
+        }
+    }
+    out.flush()?;
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! `coli serve`: the stdin protocol (CONTRACTS.md section 4) over the real engine.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+
+use super::{EngineArgs, ModelArg};
+use crate::engine::{Engine, EngineServer, SlotOptions};
+use crate::serve::{MAX_KV_SLOTS, ServeConfig, run_serve};
+
+/// Upper bound of the default context, so a model advertising a huge
+/// window does not reserve memory for it unless asked (`--ctx`).
+const DEFAULT_CTX_CAP: usize = 8192;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Independent conversations (PROMPT's kv_slot), 1..16.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_KV_SLOTS as u64))]
+    pub kv_slots: u64,
+    /// Directory of the conversation state files (default: the model directory).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Do not save or restore conversations.
+    #[arg(long)]
+    pub no_kv_save: bool,
+    /// Tokens per chat reply, and the cap on PROMPT's max_tokens.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Context length per slot (default: the model's, at most 8192).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Top-k cut for sampling (0 = none).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Sampling temperature for chat lines (PROMPT brings its own); 0 = greedy.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Nucleus cut for chat lines.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Seed for chat lines (default: a fresh one per reply).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// The context length: `--ctx` capped by the model, else the model's capped default.
+pub fn context_len(requested: Option<usize>, model_max: usize) -> anyhow::Result<usize> {
+    match requested {
+        Some(0) => anyhow::bail!("--ctx must be positive"),
+        Some(n) if n > model_max => {
+            eprintln!("coli: --ctx {n} exceeds the model's {model_max} positions; using {model_max}");
+            Ok(model_max)
+        }
+        Some(n) => Ok(n),
+        None => Ok(model_max.min(DEFAULT_CTX_CAP)),
+    }
+}
+
+/// Checks the sampling flags shared by serve and chat.
+pub fn check_sampling(temperature: f32, top_p: f32) -> anyhow::Result<()> {
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        anyhow::bail!("--temperature must be a finite number >= 0, got {temperature}");
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        anyhow::bail!("--top-p must be in (0, 1], got {top_p}");
+    }
+    Ok(())
+}
+
+/// The state directory when saving is on and the directory can be written;
+/// otherwise `None`, with the reason on stderr.
+fn state_dir(args: &ServeArgs, model_dir: &Path) -> Option<PathBuf> {
+    if args.no_kv_save {
+        return None;
+    }
+    let dir = args.state_dir.clone().unwrap_or_else(|| model_dir.to_path_buf());
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!(
+            "coli: cannot create the state directory {} ({e}); conversations will not be saved",
+            dir.display()
+        );
+        return None;
+    }
+    Some(dir)
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    check_sampling(args.temperature, args.top_p)?;
+    let dir = args.model.resolve()?;
+    let kv_slots = args.kv_slots as usize;
+    let mut opts = args.engine.options();
+    opts.kv_slots = kv_slots;
+    let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
+    let slot_opts = SlotOptions {
+        kv_slots,
+        max_ctx,
+        top_k: args.top_k,
+        state_dir: state_dir(&args, &dir),
+    };
+    let mut server = EngineServer::new(engine, &slot_opts, Box::new(std::io::stderr()))
+        .with_context(|| format!("preparing {} for serving", dir.display()))?;
+    let cfg = ServeConfig {
+        kv_slots,
+        max_tokens: args.max_tokens,
+        max_ctx,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+        ..ServeConfig::default()
+    };
+    eprintln!(
+        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, saving {})",
+        dir.display(),
+        if server.saving() { "on" } else { "off" }
+    );
+    let stdin = std::io::stdin().lock();
+    // The session flushes after every streamed piece and every closing line.
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    let mut diag = std::io::stderr();
+    let served = run_serve(stdin, &mut out, &mut diag, &mut server, &cfg);
+    out.flush().context("writing the reply stream")?;
+    served.context("serving")?;
+    Ok(())
+}
