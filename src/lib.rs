@@ -15,5 +15,6 @@ pub mod model;
 pub mod quant;
 pub mod sampling;
 pub mod st;
+pub mod synth;
 pub mod telemetry;
 pub mod tokenizer;
