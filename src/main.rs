@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use colibri::cli::{Cli, Command, convert, run, validate};
+use colibri::cli::{Cli, Command, bench, convert, run, synth, validate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -9,6 +9,8 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a).map(|_| true),
         Command::Validate(a) => validate::run(a),
         Command::Convert(a) => convert::run(a).map(|_| true),
+        Command::Synth(a) => synth::run(a).map(|_| true),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,7 +1,9 @@
 //! The `coli` command line (CONTRACTS.md section 1).
 
+pub mod bench;
 pub mod convert;
 pub mod run;
+pub mod synth;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -26,6 +28,10 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     /// Write a streaming container (quantized experts, one read per expert).
     Convert(convert::ConvertArgs),
+    /// Write a random model of a real shape (for benchmarks).
+    Synth(synth::SynthArgs),
+    /// Measure decode speed against the I/O and compute bounds.
+    Bench(bench::BenchArgs),
 }
 
 /// Where the model is: `--model`, else `$COLI_MODEL`, else the bundled model.
