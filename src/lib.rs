@@ -6,6 +6,7 @@
 //! checkpoints, quantized formats and kernels, the math of each family,
 //! tokenizers, sampling and the command-line front ends.
 
+pub mod chat_template;
 pub mod cli;
 pub mod config;
 pub mod convert;
@@ -14,6 +15,7 @@ pub mod kernels;
 pub mod model;
 pub mod quant;
 pub mod sampling;
+pub mod serve;
 pub mod st;
 pub mod synth;
 pub mod telemetry;

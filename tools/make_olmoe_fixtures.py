@@ -222,6 +222,7 @@ def per_expert_state_dict(model):
 
 def write_checkpoint(model, tensors, out_dir, shards=1):
     os.makedirs(out_dir, exist_ok=True)
+    model.config.architectures = ["OlmoeForCausalLM"]
     model.config.save_pretrained(out_dir)
     model.generation_config.save_pretrained(out_dir)
     meta = {"format": "pt"}

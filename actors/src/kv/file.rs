@@ -1,0 +1,535 @@
+//! One slot's conversation-state file: header + fixed-size records.
+//!
+//! Layout (all integers little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `COLIKVR\0` |
+//! | 8 | 4 | format version ([`FORMAT_VERSION`]) |
+//! | 12 | 4 | reserved, 0 |
+//! | 16 | 8 | model-shape fingerprint (caller's) |
+//! | 24 | 8 | record size in bytes (4 + payload) |
+//! | 32 | 8 | record count (the commit point) |
+//! | 40 | 24 | reserved, 0 |
+//! | 64 | n * record size | records: token id `u32`, then the payload |
+//!
+//! Every mutation writes record bytes, syncs them, and only then rewrites the
+//! count (and syncs again). Records past the count are garbage by definition
+//! and are overwritten by later appends.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::error::KvError;
+
+/// File magic; the trailing NUL keeps it 8 bytes.
+pub const MAGIC: [u8; 8] = *b"COLIKVR\0";
+/// Bumped whenever the layout above changes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes before the first record.
+pub const HEADER_LEN: u64 = 64;
+/// File name of slot 0; slot N appends `.N`.
+pub const KV_FILE_NAME: &str = ".coli_kv";
+const COUNT_OFFSET: u64 = 32;
+
+/// What a record holds, fixed per model; a file written with another layout is ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Hash of everything that shapes the payload (layers, KV dims, dtype, ...).
+    pub fingerprint: u64,
+    /// Bytes of KV state per position (all layers), after the 4-byte token id.
+    pub payload_bytes: usize,
+}
+
+impl KvLayout {
+    /// Bytes of one record: token id plus payload.
+    pub fn record_size(&self) -> usize {
+        4 + self.payload_bytes
+    }
+}
+
+/// `<dir>/.coli_kv` for slot 0, `<dir>/.coli_kv.N` otherwise (the contract's names).
+pub fn slot_path(dir: &Path, slot: usize) -> PathBuf {
+    if slot == 0 {
+        dir.join(KV_FILE_NAME)
+    } else {
+        dir.join(format!("{KV_FILE_NAME}.{slot}"))
+    }
+}
+
+/// What opening a state file found; the caller logs the non-`Loaded` cases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvLoad {
+    /// No file yet: a fresh conversation.
+    Missing,
+    /// The file belongs to another model, format or is damaged; it was ignored
+    /// (and will be overwritten by the first write).
+    Mismatch { reason: String },
+    /// `records` records were read back; `declared` is the header count, larger
+    /// only when the file was cut short after its count was written.
+    Loaded { records: u64, declared: u64 },
+}
+
+/// A batch of records to append, packed back to back as they lie on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvRecords {
+    record_size: usize,
+    bytes: Vec<u8>,
+}
+
+impl KvRecords {
+    /// An empty batch for `layout`.
+    pub fn new(layout: KvLayout) -> Self {
+        KvRecords {
+            record_size: layout.record_size(),
+            bytes: Vec::new(),
+        }
+    }
+
+    /// Appends one position; the payload must be exactly `layout.payload_bytes`.
+    pub fn push(&mut self, token: u32, payload: &[u8]) -> Result<(), KvError> {
+        if payload.len() + 4 != self.record_size {
+            return Err(KvError::RecordSize {
+                path: PathBuf::new(),
+                expected: self.record_size,
+                got: payload.len() + 4,
+            });
+        }
+        self.bytes.extend_from_slice(&token.to_le_bytes());
+        self.bytes.extend_from_slice(payload);
+        Ok(())
+    }
+
+    /// Number of records in the batch.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.record_size
+    }
+
+    /// True when the batch holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Record size this batch was built for.
+    pub fn record_size(&self) -> usize {
+        self.record_size
+    }
+
+    /// The packed bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// An open state file positioned at its committed record count.
+#[derive(Debug)]
+pub struct KvFile {
+    file: File,
+    path: PathBuf,
+    layout: KvLayout,
+    count: u64,
+    /// False until a header matching `layout` is on disk (new or ignored file).
+    header_ok: bool,
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KvError + 'a {
+    move |source| KvError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+impl KvFile {
+    /// Opens (creating when absent) the state file at `path` and reads back its
+    /// committed records, handing each `(token, payload)` to `visit` in order.
+    ///
+    /// A file of another model or format is reported as [`KvLoad::Mismatch`] and
+    /// treated as empty; it is not modified until the first write.
+    pub fn open(
+        path: &Path,
+        layout: KvLayout,
+        visit: &mut dyn FnMut(u32, &[u8]),
+    ) -> Result<(KvFile, KvLoad), KvError> {
+        if layout.payload_bytes > (u32::MAX as usize) {
+            return Err(KvError::PayloadTooLarge(layout.payload_bytes));
+        }
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io_err("opening", path))?;
+        let mut kv = KvFile {
+            file,
+            path: path.to_path_buf(),
+            layout,
+            count: 0,
+            header_ok: false,
+        };
+        if !existed {
+            kv.write_header()?;
+            return Ok((kv, KvLoad::Missing));
+        }
+        let load = kv.read_back(visit)?;
+        Ok((kv, load))
+    }
+
+    fn read_back(&mut self, visit: &mut dyn FnMut(u32, &[u8])) -> Result<KvLoad, KvError> {
+        let file_len = self
+            .file
+            .metadata()
+            .map_err(io_err("reading metadata of", &self.path))?
+            .len();
+        if file_len < HEADER_LEN {
+            return Ok(KvLoad::Mismatch {
+                reason: format!("header truncated ({file_len} bytes)"),
+            });
+        }
+        let mut h = [0u8; HEADER_LEN as usize];
+        self.file
+            .read_exact_at(&mut h, 0)
+            .map_err(io_err("reading header of", &self.path))?;
+        let want_rs = self.layout.record_size() as u64;
+        let reason = if h[..8] != MAGIC {
+            Some("not a colibri KV state file (bad magic)".to_string())
+        } else if le_u32(&h[8..]) != FORMAT_VERSION {
+            Some(format!(
+                "format version {} (expected {FORMAT_VERSION})",
+                le_u32(&h[8..])
+            ))
+        } else if le_u64(&h[16..]) != self.layout.fingerprint {
+            Some(format!(
+                "written by a different model (fingerprint {:#018x}, this model {:#018x})",
+                le_u64(&h[16..]),
+                self.layout.fingerprint
+            ))
+        } else if le_u64(&h[24..]) != want_rs {
+            Some(format!(
+                "record size {} (this model needs {want_rs})",
+                le_u64(&h[24..])
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Ok(KvLoad::Mismatch { reason });
+        }
+        self.header_ok = true;
+        let declared = le_u64(&h[COUNT_OFFSET as usize..]);
+        let present = (file_len - HEADER_LEN) / want_rs;
+        let records = declared.min(present);
+        let mut reader = BufReader::with_capacity(1 << 20, &self.file);
+        let mut skip = [0u8; HEADER_LEN as usize];
+        reader
+            .read_exact(&mut skip)
+            .map_err(io_err("reading", &self.path))?;
+        let mut rec = vec![0u8; want_rs as usize];
+        for _ in 0..records {
+            reader
+                .read_exact(&mut rec)
+                .map_err(io_err("reading records of", &self.path))?;
+            visit(le_u32(&rec), &rec[4..]);
+        }
+        self.count = records;
+        Ok(KvLoad::Loaded { records, declared })
+    }
+
+    fn write_header(&mut self) -> Result<(), KvError> {
+        let mut h = [0u8; HEADER_LEN as usize];
+        h[..8].copy_from_slice(&MAGIC);
+        h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h[16..24].copy_from_slice(&self.layout.fingerprint.to_le_bytes());
+        h[24..32].copy_from_slice(&(self.layout.record_size() as u64).to_le_bytes());
+        // count stays 0: a crash right after this leaves an empty, valid file.
+        self.file.set_len(0).map_err(io_err("truncating", &self.path))?;
+        self.file
+            .write_all_at(&h, 0)
+            .map_err(io_err("writing header of", &self.path))?;
+        self.sync()?;
+        self.count = 0;
+        self.header_ok = true;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.file.sync_data().map_err(io_err("syncing", &self.path))
+    }
+
+    fn commit_count(&mut self, count: u64) -> Result<(), KvError> {
+        self.file
+            .write_all_at(&count.to_le_bytes(), COUNT_OFFSET)
+            .map_err(io_err("writing record count of", &self.path))?;
+        self.sync()?;
+        self.count = count;
+        Ok(())
+    }
+
+    /// Committed records.
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+
+    /// True when no record is committed.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Where this file lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The layout records must have.
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// Writes `records` at positions `at..` and commits them.
+    ///
+    /// `at` below the committed count first drops the tail (prefix reuse after a
+    /// diverging prompt); above it is a [`KvError::Gap`].
+    pub fn append(&mut self, at: u64, records: &KvRecords) -> Result<(), KvError> {
+        let rs = self.layout.record_size();
+        if records.record_size() != rs {
+            return Err(KvError::RecordSize {
+                path: self.path.clone(),
+                expected: rs,
+                got: records.record_size(),
+            });
+        }
+        if !self.header_ok {
+            self.write_header()?;
+        }
+        if at > self.count {
+            return Err(KvError::Gap {
+                path: self.path.clone(),
+                at,
+                count: self.count,
+            });
+        }
+        if at < self.count {
+            // Uncommit the positions about to be overwritten before touching them.
+            self.commit_count(at)?;
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        let offset = HEADER_LEN + at * rs as u64;
+        self.file
+            .write_all_at(records.as_bytes(), offset)
+            .map_err(io_err("writing records to", &self.path))?;
+        self.sync()?;
+        self.commit_count(at + records.len() as u64)
+    }
+
+    /// Keeps the first `len` records (longest-common-prefix reuse).
+    pub fn truncate(&mut self, len: u64) -> Result<(), KvError> {
+        if len > self.count {
+            return Err(KvError::TruncateBeyond {
+                path: self.path.clone(),
+                len,
+                count: self.count,
+            });
+        }
+        if !self.header_ok {
+            return self.write_header();
+        }
+        if len < self.count {
+            self.commit_count(len)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets the conversation and gives the disk space back.
+    pub fn reset(&mut self) -> Result<(), KvError> {
+        if !self.header_ok {
+            return self.write_header();
+        }
+        self.commit_count(0)?;
+        self.file
+            .set_len(HEADER_LEN)
+            .map_err(io_err("shrinking", &self.path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> KvLayout {
+        KvLayout {
+            fingerprint: 0xfeed,
+            payload_bytes: 12,
+        }
+    }
+
+    fn batch(from: u32, n: u32) -> KvRecords {
+        let mut r = KvRecords::new(layout());
+        for t in from..from + n {
+            r.push(t, &[t as u8; 12]).unwrap();
+        }
+        r
+    }
+
+    fn reopen(path: &Path, l: KvLayout) -> (KvFile, KvLoad, Vec<(u32, Vec<u8>)>) {
+        let mut got = Vec::new();
+        let (f, load) = KvFile::open(path, l, &mut |t, p| got.push((t, p.to_vec()))).unwrap();
+        (f, load, got)
+    }
+
+    #[test]
+    fn slot_paths_follow_contract() {
+        let d = Path::new("/s");
+        assert_eq!(slot_path(d, 0), Path::new("/s/.coli_kv"));
+        assert_eq!(slot_path(d, 3), Path::new("/s/.coli_kv.3"));
+    }
+
+    #[test]
+    fn append_truncate_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".coli_kv");
+        let (mut f, load, _) = reopen(&p, layout());
+        assert_eq!(load, KvLoad::Missing);
+        f.append(0, &batch(0, 5)).unwrap();
+        f.append(5, &batch(5, 2)).unwrap();
+        f.truncate(4).unwrap();
+        f.append(4, &batch(40, 1)).unwrap();
+        assert!(matches!(f.append(9, &batch(0, 1)), Err(KvError::Gap { .. })));
+        drop(f);
+        let (f, load, got) = reopen(&p, layout());
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 5,
+                declared: 5
+            }
+        );
+        assert_eq!(f.len(), 5);
+        let toks: Vec<u32> = got.iter().map(|g| g.0).collect();
+        assert_eq!(toks, vec![0, 1, 2, 3, 40]);
+        assert_eq!(got[4].1, vec![40u8; 12]);
+    }
+
+    #[test]
+    fn mismatch_is_ignored_then_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".coli_kv");
+        let (mut f, _, _) = reopen(&p, layout());
+        f.append(0, &batch(0, 3)).unwrap();
+        drop(f);
+        let other = KvLayout {
+            fingerprint: 1,
+            payload_bytes: 12,
+        };
+        let (mut f, load, got) = reopen(&p, other);
+        assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("different model")));
+        assert!(got.is_empty());
+        assert_eq!(f.len(), 0);
+        let wider = KvLayout {
+            fingerprint: 0xfeed,
+            payload_bytes: 16,
+        };
+        let (_, load, _) = reopen(&p, wider);
+        assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("record size")));
+        // The first write under the new layout replaces the file.
+        let mut r = KvRecords::new(other);
+        r.push(9, &[1; 12]).unwrap();
+        f.append(0, &r).unwrap();
+        let (_, load, got) = reopen(&p, other);
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 1,
+                declared: 1
+            }
+        );
+        assert_eq!(got[0].0, 9);
+    }
+
+    #[test]
+    fn garbage_and_short_files_are_mismatches() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x");
+        std::fs::write(&p, b"short").unwrap();
+        let (_, load, _) = reopen(&p, layout());
+        assert!(matches!(load, KvLoad::Mismatch { .. }));
+        std::fs::write(&p, vec![7u8; 200]).unwrap();
+        let (_, load, _) = reopen(&p, layout());
+        assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("magic")));
+    }
+
+    #[test]
+    fn cut_file_loads_complete_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".coli_kv");
+        let (mut f, _, _) = reopen(&p, layout());
+        f.append(0, &batch(0, 6)).unwrap();
+        drop(f);
+        let cut = HEADER_LEN + 3 * 16 + 7; // 3 whole records and a partial one
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let (mut f, load, got) = reopen(&p, layout());
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 3,
+                declared: 6
+            }
+        );
+        assert_eq!(got.len(), 3);
+        f.append(3, &batch(3, 1)).unwrap();
+        let (_, load, _) = reopen(&p, layout());
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 4,
+                declared: 4
+            }
+        );
+    }
+
+    #[test]
+    fn reset_empties_and_shrinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".coli_kv.2");
+        let (mut f, _, _) = reopen(&p, layout());
+        f.append(0, &batch(0, 4)).unwrap();
+        f.reset().unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), HEADER_LEN);
+        let (_, load, _) = reopen(&p, layout());
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 0,
+                declared: 0
+            }
+        );
+    }
+
+    #[test]
+    fn wrong_payload_size_is_refused() {
+        let mut r = KvRecords::new(layout());
+        assert!(matches!(r.push(1, &[0; 3]), Err(KvError::RecordSize { .. })));
+    }
+}

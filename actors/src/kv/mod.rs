@@ -1,0 +1,27 @@
+//! Conversation state on disk (`.coli_kv`, `.coli_kv.N`) and the actor that writes it.
+//!
+//! Re-prefilling a long conversation after a restart costs as much as the
+//! conversation itself, so every slot's per-position KV state is appended to a
+//! file and read back at start. The file knows nothing about layers or heads:
+//! a record is a token id plus an opaque payload whose size the model gives
+//! ([`KvLayout`]); a caller-computed fingerprint of the model shape guards
+//! against loading another model's state.
+//!
+//! Crash safety comes from ordering alone: record bytes are written and synced
+//! before the record count in the header is rewritten, so a process killed at
+//! any instant leaves a file whose header count covers only complete records.
+//!
+//! Writes happen on a dedicated thread ([`KvActor`]) so the decode loop never
+//! waits for the disk; see [`KvHandle`] for the no-blocking, no-loss policy.
+
+mod actor;
+mod error;
+mod file;
+mod message;
+
+pub use actor::{DEFAULT_QUEUE_DEPTH, KvActor, KvHandle, KvSink};
+pub use error::KvError;
+pub use file::{
+    FORMAT_VERSION, HEADER_LEN, KV_FILE_NAME, KvFile, KvLayout, KvLoad, KvRecords, MAGIC, slot_path,
+};
+pub use message::KvMsg;

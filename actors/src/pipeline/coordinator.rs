@@ -1,0 +1,559 @@
+//! The coordinator actor: sole owner of the expert cache, the table of loads
+//! in flight, the waiting fetches and the pilot's recall records.
+//!
+//! Everything that changes residency happens on this one thread, in message
+//! order, so there is nothing to lock. It never blocks on anyone: replies go
+//! to per-fetch channels sized for every answer, and I/O requests that do not
+//! fit the worker queues wait in a local overflow queue.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError, select};
+
+use super::msg::{CoordMsg, Delivery, FetchMode};
+use super::profile::Counters;
+use crate::cache::ExpertCache;
+use crate::error::SourceError;
+use crate::expert::{ExpertKey, ExpertMap};
+use crate::io::{IoEvent, IoPool, IoRequest, Priority, Ticket};
+use crate::pilot::{Prediction, RecallTracker};
+use crate::tag::Tag;
+
+/// What the coordinator does besides serving fetches.
+pub(crate) struct CoordFlags {
+    /// Issue prefetches for predictions.
+    pub prefetch: bool,
+    /// Track pilot recall.
+    pub pilot: bool,
+}
+
+/// A load in flight.
+struct InFlight {
+    load_id: u64,
+    ticket: Arc<Ticket>,
+    /// `(fetch id, index)` of fetches waiting for it.
+    waiters: Vec<(u64, usize)>,
+    /// A demand copy is queued (the load can no longer be skipped as stale).
+    demand_sent: bool,
+    /// Newest epoch that wanted it; `u64::MAX` for pins.
+    epoch: u64,
+}
+
+/// A fetch with misses outstanding.
+struct Pending<T> {
+    tag: Tag,
+    reply: Sender<Delivery<T>>,
+    remaining: usize,
+}
+
+pub(crate) struct Coordinator<T> {
+    map: Arc<ExpertMap>,
+    cache: ExpertCache<T>,
+    pool: IoPool<T>,
+    io_tx: Sender<IoEvent<T>>,
+    epoch: Arc<AtomicU64>,
+    counters: Arc<Counters>,
+    /// Issue prefetches for predictions.
+    prefetch: bool,
+    /// Track pilot recall.
+    pilot: bool,
+    current: Tag,
+    inflight: HashMap<ExpertKey, InFlight>,
+    pending: HashMap<u64, Pending<T>>,
+    overflow: VecDeque<IoRequest<T>>,
+    next_load: u64,
+    recall: RecallTracker,
+    pins: HashSet<ExpertKey>,
+}
+
+/// `SourceError` is not `Clone` (it wraps `io::Error`); one failed read may
+/// have several waiters, each gets an equivalent error.
+fn duplicate(e: &SourceError) -> SourceError {
+    match e {
+        SourceError::UnknownExpert { key } => SourceError::UnknownExpert { key: *key },
+        SourceError::Read { key, path, source } => SourceError::Read {
+            key: *key,
+            path: path.clone(),
+            source: match source.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(source.kind(), source.to_string()),
+            },
+        },
+        SourceError::Decode { key, reason } => SourceError::Decode {
+            key: *key,
+            reason: reason.clone(),
+        },
+        SourceError::Open { path, source } => SourceError::Open {
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        SourceError::Cancelled => SourceError::Cancelled,
+        SourceError::Shutdown(s) => SourceError::Shutdown(s.clone()),
+        SourceError::Compute(s) => SourceError::Compute(s.clone()),
+    }
+}
+
+impl<T: Send + Sync + 'static> Coordinator<T> {
+    pub fn new(
+        map: Arc<ExpertMap>,
+        cache: ExpertCache<T>,
+        pool: IoPool<T>,
+        io_tx: Sender<IoEvent<T>>,
+        epoch: Arc<AtomicU64>,
+        counters: Arc<Counters>,
+        flags: CoordFlags,
+    ) -> Self {
+        Self {
+            map,
+            cache,
+            pool,
+            io_tx,
+            epoch,
+            counters,
+            prefetch: flags.prefetch,
+            pilot: flags.pilot,
+            current: Tag::default(),
+            inflight: HashMap::new(),
+            pending: HashMap::new(),
+            overflow: VecDeque::new(),
+            next_load: 0,
+            recall: RecallTracker::default(),
+            pins: HashSet::new(),
+        }
+    }
+
+    /// The actor loop; returns on `Shutdown` or when every sender is gone.
+    pub fn run(mut self, inbox: Receiver<CoordMsg<T>>, io_rx: Receiver<IoEvent<T>>) {
+        loop {
+            let msg = if self.overflow.is_empty() {
+                select! {
+                    recv(inbox) -> m => Some(m.map_err(|_| ())),
+                    recv(io_rx) -> e => { if let Ok(e) = e { self.on_io(e) } None }
+                }
+            } else {
+                select! {
+                    recv(inbox) -> m => Some(m.map_err(|_| ())),
+                    recv(io_rx) -> e => { if let Ok(e) = e { self.on_io(e) } None }
+                    default(Duration::from_millis(1)) => None,
+                }
+            };
+            match msg {
+                Some(Ok(CoordMsg::Shutdown)) | Some(Err(())) => break,
+                Some(Ok(m)) => self.on_msg(m),
+                None => {}
+            }
+            self.flush_overflow();
+        }
+        // Workers blocked on a full reply queue must see it closed before we
+        // wait for them.
+        drop(io_rx);
+        self.overflow.clear();
+        let Coordinator { pool, .. } = self;
+        pool.shutdown();
+    }
+
+    fn on_msg(&mut self, m: CoordMsg<T>) {
+        match m {
+            CoordMsg::Fetch {
+                id,
+                tag,
+                items,
+                mode,
+                reply,
+            } => self.on_fetch(id, tag, items, mode, reply),
+            CoordMsg::Abandon { id } => {
+                self.pending.remove(&id);
+            }
+            CoordMsg::Advance { tag, ack } => {
+                self.on_advance(tag);
+                let _ = ack.try_send(());
+            }
+            CoordMsg::Predicted(p) => self.on_predicted(p),
+            CoordMsg::Pin { keys, pin } => self.on_pin(keys, pin),
+            CoordMsg::Shutdown => {}
+        }
+    }
+
+    fn epoch_now(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    fn publish_cache_gauges(&self) {
+        Counters::set(&self.counters.cache_bytes, self.cache.bytes());
+        Counters::set(&self.counters.cache_entries, self.cache.len() as u64);
+    }
+
+    fn on_fetch(
+        &mut self,
+        id: u64,
+        tag: Tag,
+        items: Vec<(usize, ExpertKey)>,
+        mode: FetchMode,
+        reply: Sender<Delivery<T>>,
+    ) {
+        if tag.is_stale_against(self.current) {
+            Counters::add(&self.counters.cancelled, 1);
+            let _ = reply.try_send(Delivery::Cancelled);
+            return;
+        }
+        for &(_, key) in &items {
+            if let Err(e) = self.map.extent(key) {
+                let _ = reply.try_send(Delivery::Failed(e));
+                return;
+            }
+        }
+        if mode != FetchMode::LoadOnly && self.pilot {
+            let routed: Vec<u32> = items
+                .iter()
+                .filter(|(_, k)| k.layer == tag.layer)
+                .map(|(_, k)| k.expert)
+                .collect();
+            self.recall.routed(tag, &routed);
+            self.publish_recall();
+        }
+        let mut remaining = 0;
+        for (idx, key) in items {
+            let hit = if mode == FetchMode::LoadOnly {
+                self.cache.peek(key)
+            } else {
+                let h = self.cache.lookup(key);
+                let (total, per_layer) = match h {
+                    Some(_) => (&self.counters.hits, &self.counters.layer_hits),
+                    None => (&self.counters.misses, &self.counters.layer_misses),
+                };
+                Counters::add(total, 1);
+                if let Some(c) = per_layer.get(key.layer as usize) {
+                    Counters::add(c, 1);
+                }
+                h
+            };
+            if let Some(v) = hit {
+                let _ = reply.try_send(Delivery::Expert(idx, v));
+            } else if mode == FetchMode::HitsOnly {
+                let _ = reply.try_send(Delivery::Missing(idx));
+            } else {
+                self.add_waiter(key, tag, id, idx);
+                remaining += 1;
+            }
+        }
+        if remaining > 0 {
+            self.pending.insert(
+                id,
+                Pending {
+                    tag,
+                    reply,
+                    remaining,
+                },
+            );
+        }
+    }
+
+    fn new_load(&mut self) -> Arc<Ticket> {
+        self.next_load += 1;
+        Ticket::new(self.next_load)
+    }
+
+    fn add_waiter(&mut self, key: ExpertKey, tag: Tag, id: u64, idx: usize) {
+        let epoch = self.epoch_now();
+        let io_tx = self.io_tx.clone();
+        let demand = |ticket: Arc<Ticket>| IoRequest {
+            tag,
+            key,
+            priority: Priority::Demand,
+            epoch,
+            ticket,
+            reply: io_tx,
+        };
+        let req = match self.inflight.get_mut(&key) {
+            Some(f) => {
+                Counters::add(&self.counters.inflight_joins, 1);
+                f.waiters.push((id, idx));
+                f.epoch = f.epoch.max(epoch);
+                if f.demand_sent {
+                    return;
+                }
+                f.demand_sent = true;
+                demand(f.ticket.clone())
+            }
+            None => {
+                let ticket = self.new_load();
+                self.inflight.insert(
+                    key,
+                    InFlight {
+                        load_id: ticket.id,
+                        ticket: ticket.clone(),
+                        waiters: vec![(id, idx)],
+                        demand_sent: true,
+                        epoch,
+                    },
+                );
+                demand(ticket)
+            }
+        };
+        self.submit_demand(req);
+    }
+
+    fn submit_demand(&mut self, req: IoRequest<T>) {
+        if !self.overflow.is_empty() {
+            self.overflow.push_back(req);
+            return;
+        }
+        if let Err(TrySendError::Full(r)) = self.pool.try_submit(req) {
+            self.overflow.push_back(r);
+        }
+    }
+
+    fn flush_overflow(&mut self) {
+        while let Some(req) = self.overflow.pop_front() {
+            match self.pool.try_submit(req) {
+                Ok(()) => {}
+                Err(TrySendError::Full(r)) => {
+                    self.overflow.push_front(r);
+                    return;
+                }
+                Err(TrySendError::Disconnected(_)) => return,
+            }
+        }
+    }
+
+    /// Queues a low-priority load nobody waits for yet.
+    fn submit_background(&mut self, key: ExpertKey, tag: Tag, epoch: u64) {
+        let ticket = self.new_load();
+        let req = IoRequest {
+            tag,
+            key,
+            priority: Priority::Prefetch,
+            epoch,
+            ticket: ticket.clone(),
+            reply: self.io_tx.clone(),
+        };
+        match self.pool.try_submit(req) {
+            Ok(()) => {
+                self.inflight.insert(
+                    key,
+                    InFlight {
+                        load_id: ticket.id,
+                        ticket,
+                        waiters: Vec::new(),
+                        demand_sent: false,
+                        epoch,
+                    },
+                );
+            }
+            Err(_) => Counters::add(&self.counters.prefetch_rejected, 1),
+        }
+    }
+
+    fn deliver(&mut self, id: u64, d: Delivery<T>) {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
+        if p.reply.try_send(d).is_err() {
+            self.pending.remove(&id);
+            return;
+        }
+        p.remaining -= 1;
+        if p.remaining == 0 {
+            self.pending.remove(&id);
+        }
+    }
+
+    fn fail(&mut self, id: u64, e: SourceError) {
+        if let Some(p) = self.pending.remove(&id) {
+            let _ = p.reply.try_send(Delivery::Failed(e));
+        }
+    }
+
+    fn on_io(&mut self, ev: IoEvent<T>) {
+        match ev {
+            IoEvent::Skipped { key, load_id } => {
+                Counters::add(&self.counters.prefetch_skipped, 1);
+                if self
+                    .inflight
+                    .get(&key)
+                    .is_some_and(|f| f.load_id == load_id && !f.demand_sent)
+                {
+                    self.inflight.remove(&key);
+                }
+            }
+            IoEvent::Loaded {
+                key,
+                load_id,
+                priority,
+                result,
+                report,
+            } => {
+                let c = &self.counters;
+                Counters::add(&c.bytes_read, report.bytes);
+                Counters::add(&c.reads, report.reads);
+                Counters::add(&c.read_ns, report.read_ns);
+                Counters::add(&c.failed_attempts, report.failed_attempts);
+                if self.inflight.get(&key).is_none_or(|f| f.load_id != load_id) {
+                    // Its load was cancelled while the read ran.
+                    if result.is_ok() {
+                        Counters::add(&self.counters.stale_discarded, 1);
+                    }
+                    return;
+                }
+                let Some(f) = self.inflight.remove(&key) else {
+                    return;
+                };
+                let live: Vec<(u64, usize)> = f
+                    .waiters
+                    .into_iter()
+                    .filter(|(id, _)| self.pending.contains_key(id))
+                    .collect();
+                match result {
+                    Ok(loaded) => {
+                        Counters::add(
+                            match priority {
+                                Priority::Demand => &self.counters.demand_loads,
+                                Priority::Prefetch => &self.counters.prefetch_loads,
+                            },
+                            1,
+                        );
+                        let pin = self.pins.contains(&key);
+                        if pin || !live.is_empty() || f.epoch >= self.epoch_now() {
+                            self.cache
+                                .insert(key, loaded.value.clone(), loaded.resident_bytes, pin);
+                            self.publish_cache_gauges();
+                        } else {
+                            Counters::add(&self.counters.stale_discarded, 1);
+                        }
+                        for (id, idx) in live {
+                            self.deliver(id, Delivery::Expert(idx, loaded.value.clone()));
+                        }
+                    }
+                    Err(e) => {
+                        if live.is_empty() {
+                            return;
+                        }
+                        if priority == Priority::Prefetch {
+                            // Read as a prefetch (no retries) but compute now
+                            // waits for it: retry as a demand load.
+                            let ticket = self.new_load();
+                            let tag = self.current;
+                            let req = IoRequest {
+                                tag,
+                                key,
+                                priority: Priority::Demand,
+                                epoch: self.epoch_now(),
+                                ticket: ticket.clone(),
+                                reply: self.io_tx.clone(),
+                            };
+                            self.inflight.insert(
+                                key,
+                                InFlight {
+                                    load_id: ticket.id,
+                                    ticket,
+                                    waiters: live,
+                                    demand_sent: true,
+                                    epoch: f.epoch,
+                                },
+                            );
+                            self.submit_demand(req);
+                        } else {
+                            Counters::add(&self.counters.read_failures, 1);
+                            for (id, _) in live {
+                                self.fail(id, duplicate(&e));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_advance(&mut self, tag: Tag) {
+        if (tag.generation, tag.step) <= (self.current.generation, self.current.step) {
+            return;
+        }
+        self.current = tag;
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let stale: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.tag.is_stale_against(tag))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stale {
+            if let Some(p) = self.pending.remove(&id) {
+                Counters::add(&self.counters.cancelled, 1);
+                let _ = p.reply.try_send(Delivery::Cancelled);
+            }
+        }
+        self.recall.prune(tag);
+        // Loads nobody live waits for: queued ones are skipped unread (the
+        // coordinator claims their ticket), running ones finish and are
+        // discarded. A later request for the key starts a fresh load.
+        let epoch = self.epoch_now();
+        let dead: Vec<ExpertKey> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| {
+                f.epoch < epoch && !f.waiters.iter().any(|(id, _)| self.pending.contains_key(id))
+            })
+            .map(|(&k, _)| k)
+            .collect();
+        for key in dead {
+            if let Some(f) = self.inflight.remove(&key)
+                && f.ticket.claim()
+            {
+                Counters::add(&self.counters.loads_cancelled, 1);
+            }
+        }
+    }
+
+    fn publish_recall(&self) {
+        Counters::set(&self.counters.pilot_hits, self.recall.hits);
+        Counters::set(&self.counters.pilot_routed, self.recall.routed);
+    }
+
+    fn on_predicted(&mut self, p: Prediction) {
+        Counters::add(&self.counters.predictions, 1);
+        if p.epoch < self.epoch_now() || p.tag.is_stale_against(self.current) {
+            Counters::add(&self.counters.pilot_stale, 1);
+            return;
+        }
+        if self.pilot {
+            self.recall.predicted(p.tag, &p.experts);
+            self.publish_recall();
+        }
+        if !self.prefetch {
+            return;
+        }
+        let epoch = self.epoch_now();
+        for &e in &p.experts {
+            let key = ExpertKey::new(p.tag.layer, e);
+            if self.map.extent(key).is_err() || self.cache.touch(key) || self.inflight.contains_key(&key) {
+                continue;
+            }
+            self.submit_background(key, p.tag, epoch);
+        }
+    }
+
+    fn on_pin(&mut self, keys: Vec<ExpertKey>, pin: bool) {
+        for key in keys {
+            if !pin {
+                self.pins.remove(&key);
+                self.cache.unpin(key);
+                continue;
+            }
+            if self.map.extent(key).is_err() {
+                continue;
+            }
+            self.pins.insert(key);
+            if self.cache.pin_resident(key) {
+                continue;
+            }
+            match self.inflight.get_mut(&key) {
+                Some(f) => f.epoch = u64::MAX,
+                None => self.submit_background(key, self.current, u64::MAX),
+            }
+        }
+        self.publish_cache_gauges();
+    }
+}

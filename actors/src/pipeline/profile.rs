@@ -1,0 +1,152 @@
+//! Run counters: written by the actors with relaxed atomic adds (never read
+//! back by them), read as a snapshot by `profile()` / `stats()`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::source::SourceStats;
+
+macro_rules! counters {
+    ($($name:ident),* $(,)?) => {
+        #[derive(Default)]
+        pub(crate) struct Counters {
+            $(pub $name: AtomicU64,)*
+            pub layer_hits: Vec<AtomicU64>,
+            pub layer_misses: Vec<AtomicU64>,
+        }
+
+        /// A snapshot of the pipeline's counters. Times are nanoseconds of
+        /// wall time summed over calls.
+        #[derive(Clone, Debug, Default, PartialEq)]
+        pub struct PipelineProfile {
+            $(pub $name: u64,)*
+            /// Per-layer cache hits and misses.
+            pub layer_hits: Vec<u64>,
+            pub layer_misses: Vec<u64>,
+            /// Time since the pipeline started.
+            pub elapsed_ns: u64,
+            /// The cache's byte budget, if any.
+            pub cache_budget: Option<u64>,
+            /// Backend name ("pread", "direct", "mmap", "sim").
+            pub storage: &'static str,
+        }
+
+        impl Counters {
+            pub fn new(layers: usize) -> Self {
+                Self {
+                    layer_hits: (0..layers).map(|_| AtomicU64::new(0)).collect(),
+                    layer_misses: (0..layers).map(|_| AtomicU64::new(0)).collect(),
+                    ..Self::default()
+                }
+            }
+
+            /// Counters accumulated since `earlier` (a snapshot of the same
+            /// pipeline), e.g. to leave a warm-up out of a benchmark. Gauges
+            /// (cache bytes and entries) keep their current values.
+            pub fn since_inner(now: &PipelineProfile, earlier: &PipelineProfile) -> PipelineProfile {
+                let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {
+                    a.iter().enumerate().map(|(i, x)| x.saturating_sub(b.get(i).copied().unwrap_or(0))).collect()
+                };
+                let mut p = PipelineProfile {
+                    $($name: now.$name.saturating_sub(earlier.$name),)*
+                    layer_hits: sub(&now.layer_hits, &earlier.layer_hits),
+                    layer_misses: sub(&now.layer_misses, &earlier.layer_misses),
+                    elapsed_ns: now.elapsed_ns.saturating_sub(earlier.elapsed_ns),
+                    cache_budget: now.cache_budget,
+                    storage: now.storage,
+                };
+                p.cache_bytes = now.cache_bytes;
+                p.cache_entries = now.cache_entries;
+                p
+            }
+
+            pub fn snapshot(&self) -> PipelineProfile {
+                PipelineProfile {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                    layer_hits: self.layer_hits.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+                    layer_misses: self.layer_misses.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+                    ..PipelineProfile::default()
+                }
+            }
+        }
+    };
+}
+
+counters!(
+    // Cache lookups by compute.
+    hits,
+    misses,
+    // Demand misses that found the expert already loading (usually a pilot
+    // prefetch): part of the read was hidden.
+    inflight_joins,
+    // Storage.
+    bytes_read,
+    reads,
+    read_ns,
+    failed_attempts,
+    // Loads completed, by priority that did the read.
+    demand_loads,
+    prefetch_loads,
+    // Prefetches dropped unread because their step had passed.
+    prefetch_skipped,
+    // Prefetches not queued because the queue was full.
+    prefetch_rejected,
+    // Loads finished after their step passed (or their load was cancelled
+    // mid-read), with nobody waiting: discarded.
+    stale_discarded,
+    // Queued loads cancelled unread by `advance` (nobody waited for them).
+    loads_cancelled,
+    // Demand loads that failed after all retries.
+    read_failures,
+    // Pilot.
+    predictions,
+    pilot_stale,
+    pilot_dropped,
+    pilot_hits,
+    pilot_routed,
+    // Cache state (gauges).
+    cache_bytes,
+    cache_entries,
+    // Fetch calls and where their time went.
+    fetches,
+    cancelled,
+    fetch_ns,
+    wait_ns,
+    sink_ns,
+);
+
+impl Counters {
+    pub fn add(c: &AtomicU64, v: u64) {
+        c.fetch_add(v, Ordering::Relaxed);
+    }
+
+    pub fn set(c: &AtomicU64, v: u64) {
+        c.store(v, Ordering::Relaxed);
+    }
+}
+
+impl PipelineProfile {
+    pub fn source_stats(&self) -> SourceStats {
+        SourceStats {
+            hits: self.hits,
+            misses: self.misses,
+            bytes_read: self.bytes_read,
+            pilot_hits: self.pilot_hits,
+            pilot_routed: self.pilot_routed,
+        }
+    }
+
+    /// What happened between `earlier` and `self` (both snapshots of one
+    /// pipeline); gauges keep `self`'s values.
+    pub fn since(&self, earlier: &PipelineProfile) -> PipelineProfile {
+        Counters::since_inner(self, earlier)
+    }
+
+    /// Share of time inside `fetch` spent blocked on expert arrival.
+    pub fn wait_fraction(&self) -> f64 {
+        if self.fetch_ns == 0 {
+            0.0
+        } else {
+            self.wait_ns as f64 / self.fetch_ns as f64
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Pipeline behaviour: retries and surfaced faults, cancellation, in-flight
+//! dedup, demand-before-prefetch, pilot prefetch and recall.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use colibri_actors::{ExpertKey, ExpertSource, PipelineConfig, PipelineSource, SourceError, Tag};
+use common::{ControlledStorage, Fixture, MockExpert, TopK, fetch_checked, with_timeout};
+
+fn keys(layer: u32, es: &[u32]) -> Vec<ExpertKey> {
+    es.iter().map(|&e| ExpertKey::new(layer, e)).collect()
+}
+
+fn pipeline(
+    fx: &Fixture,
+    storage: Arc<ControlledStorage>,
+    cfg: PipelineConfig,
+) -> PipelineSource<MockExpert> {
+    PipelineSource::with_storage(fx.map.clone(), storage, fx.decoder(), Some(Arc::new(TopK)), cfg)
+        .expect("open")
+}
+
+/// Polls `cond` for up to 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("never happened: {what}");
+}
+
+#[test]
+fn demand_faults_are_retried() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let st = Arc::new(ControlledStorage::new(fx.pread(), None));
+        st.fail_next.store(2, Ordering::SeqCst);
+        st.short_next.store(1, Ordering::SeqCst);
+        let src = pipeline(&fx, st.clone(), PipelineConfig::default());
+        let ks = keys(0, &[1, 2, 3]);
+        fetch_checked(&src, &fx, Tag::new(0, 0, 0), &ks).expect("retries hide three bad attempts");
+        let p = src.profile();
+        assert_eq!(p.failed_attempts, 3);
+        assert_eq!(p.read_failures, 0);
+        assert_eq!(p.misses, 3);
+    });
+}
+
+#[test]
+fn persistent_faults_surface_and_the_pipeline_survives() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let st = Arc::new(ControlledStorage::new(fx.pread(), None));
+        st.always_fail.store(true, Ordering::SeqCst);
+        let cfg = PipelineConfig {
+            read_retries: 2,
+            ..PipelineConfig::default()
+        };
+        let src = pipeline(&fx, st.clone(), cfg);
+        let ks = keys(1, &[3]);
+        let err = fetch_checked(&src, &fx, Tag::new(0, 0, 1), &ks).expect_err("must fail");
+        let msg = err.to_string();
+        match &err {
+            SourceError::Read { key, path, .. } => {
+                assert_eq!(*key, ks[0]);
+                assert_eq!(path, &fx.map.files[((1 + 3) % 2) as usize]);
+            }
+            other => panic!("expected a read error, got {other:?}"),
+        }
+        assert!(msg.contains("L1/E3") && msg.contains("experts-0.bin"), "{msg}");
+        assert_eq!(st.log.lock().len(), 3, "one attempt plus two retries");
+        assert_eq!(src.profile().read_failures, 1);
+        // The disk recovers; the same pipeline serves the next request.
+        st.always_fail.store(false, Ordering::SeqCst);
+        fetch_checked(&src, &fx, Tag::new(0, 1, 1), &keys(1, &[3, 4])).expect("recovered");
+        // Unknown experts are refused cleanly.
+        let err = fetch_checked(&src, &fx, Tag::new(0, 1, 1), &keys(7, &[0])).err();
+        assert!(matches!(err, Some(SourceError::UnknownExpert { .. })), "{err:?}");
+    });
+}
+
+#[test]
+fn cancellation_is_prompt_and_stale_results_are_dropped() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let (open, gate) = crossbeam_channel::unbounded();
+        let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
+        let src = Arc::new(pipeline(&fx, st.clone(), PipelineConfig::default()));
+        src.advance(Tag::new(1, 0, 0));
+        let (s2, fx_keys) = (src.clone(), keys(0, &[5]));
+        let waiter = std::thread::spawn(move || {
+            let r = s2.fetch(Tag::new(1, 0, 0), &fx_keys, &mut |_, _| Ok(()));
+            matches!(r, Err(SourceError::Cancelled))
+        });
+        eventually("the miss is registered", || src.profile().misses == 1);
+        // Another thread cancels the generation while the read is stuck.
+        src.advance(Tag::new(2, 0, 0));
+        assert!(waiter.join().expect("waiter"), "fetch must return Cancelled");
+        // A fetch of the old generation is refused at once.
+        let r = src.fetch(Tag::new(1, 0, 0), &keys(0, &[6]), &mut |_, _| Ok(()));
+        assert!(matches!(r, Err(SourceError::Cancelled)));
+        // Let the stuck read finish: its result is stale and nobody wants it.
+        for _ in 0..8 {
+            let _ = open.send(());
+        }
+        eventually("the stale load is discarded", || {
+            src.profile().stale_discarded == 1
+        });
+        assert_eq!(src.profile().cache_entries, 0);
+        // The new generation works.
+        for _ in 0..16 {
+            let _ = open.send(());
+        }
+        fetch_checked(src.as_ref(), &fx, Tag::new(2, 0, 0), &keys(0, &[5])).expect("fetch");
+    });
+}
+
+#[test]
+fn cancelled_queued_reads_are_never_issued() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let (open, gate) = crossbeam_channel::unbounded();
+        let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
+        let cfg = PipelineConfig {
+            io_workers: 1,
+            ..PipelineConfig::default()
+        };
+        let src = Arc::new(pipeline(&fx, st.clone(), cfg));
+        src.advance(Tag::new(1, 0, 0));
+        let spawn_fetch = |e: u32| {
+            let (s, k) = (src.clone(), keys(0, &[e]));
+            std::thread::spawn(move || s.fetch(Tag::new(1, 0, 0), &k, &mut |_, _| Ok(())))
+        };
+        let a = spawn_fetch(1);
+        eventually("first miss", || src.profile().misses == 1);
+        let b = spawn_fetch(2);
+        eventually("second miss", || src.profile().misses == 2);
+        src.advance(Tag::new(2, 0, 0));
+        assert!(matches!(a.join().expect("a"), Err(SourceError::Cancelled)));
+        assert!(matches!(b.join().expect("b"), Err(SourceError::Cancelled)));
+        for _ in 0..4 {
+            let _ = open.send(());
+        }
+        eventually("the running read is discarded", || {
+            src.profile().stale_discarded == 1
+        });
+        let p = src.profile();
+        assert_eq!(p.loads_cancelled, 1, "{p:?}");
+        // Drain: only the read that was already running happened.
+        fetch_checked(src.as_ref(), &fx, Tag::new(2, 0, 0), &keys(1, &[0])).expect("fetch");
+        assert_eq!(st.log.lock().len(), 2);
+    });
+}
+
+#[test]
+fn concurrent_requests_share_one_read() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let (open, gate) = crossbeam_channel::unbounded();
+        let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
+        let src = Arc::new(pipeline(&fx, st.clone(), PipelineConfig::default()));
+        let fx = Arc::new(fx);
+        let ks = keys(1, &[1, 2]); // experts 1 and 2: one span each
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let (s, f, k) = (src.clone(), fx.clone(), ks.clone());
+                std::thread::spawn(move || fetch_checked(s.as_ref(), &f, Tag::new(0, 0, 1), &k).is_ok())
+            })
+            .collect();
+        eventually("all three registered", || src.profile().misses == 6);
+        for _ in 0..2 {
+            let _ = open.send(());
+        }
+        for t in threads {
+            assert!(t.join().expect("thread"));
+        }
+        assert_eq!(st.log.lock().len(), 2, "one read per expert");
+        assert_eq!(src.profile().inflight_joins, 4);
+    });
+}
+
+#[test]
+fn demand_goes_before_prefetch() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let (open, gate) = crossbeam_channel::unbounded();
+        let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
+        let cfg = PipelineConfig {
+            io_workers: 1,
+            ..PipelineConfig::default()
+        };
+        let src = Arc::new(pipeline(&fx, st.clone(), cfg));
+        // Background loads (pins use the prefetch queue); the one worker
+        // takes the first and blocks on the gate.
+        src.pin(&keys(0, &[1]));
+        src.pin(&keys(0, &[2, 4, 5]));
+        let (s, k) = (src.clone(), keys(1, &[1]));
+        let demand = std::thread::spawn(move || s.fetch(Tag::new(0, 0, 1), &k, &mut |_, _| Ok(())).is_ok());
+        eventually("the demand miss is queued", || src.profile().misses == 1);
+        for _ in 0..5 {
+            let _ = open.send(());
+        }
+        assert!(demand.join().expect("demand"));
+        eventually("all loads done", || src.profile().cache_entries == 5);
+        let offset = |k: ExpertKey| fx.map.extent(k).map(|e| e.pieces[0].offset).expect("extent");
+        let log: Vec<u64> = st.log.lock().iter().map(|&(_, o)| o).collect();
+        assert_eq!(log.len(), 5);
+        assert_eq!(log[0], offset(ExpertKey::new(0, 1)));
+        assert_eq!(
+            log[1],
+            offset(ExpertKey::new(1, 1)),
+            "demand read second: {log:?}"
+        );
+    });
+}
+
+#[test]
+fn pilot_prefetches_and_measures_recall() {
+    with_timeout(30, || {
+        let fx = Fixture::new(4, 16);
+        let st = Arc::new(ControlledStorage::new(fx.pread(), None));
+        let src = pipeline(&fx, st, PipelineConfig::default());
+        let k = 4;
+        for s in 0..6u64 {
+            let tag = Tag::new(3, s, 0);
+            src.advance(tag);
+            for l in 0..fx.layers {
+                src.pilot(tag.at_layer(l), &common::residual(1, s, l, fx.experts, k));
+                // Give the pilot time to run ahead, as attention would.
+                eventually("prediction arrives", || {
+                    src.profile().predictions > (s * 4 + u64::from(l))
+                });
+                let ks: Vec<ExpertKey> = common::routing(1, s, l, fx.experts, k)
+                    .into_iter()
+                    .map(|e| ExpertKey::new(l, e))
+                    .collect();
+                fetch_checked(&src, &fx, tag.at_layer(l), &ks).expect("fetch");
+            }
+        }
+        let p = src.profile();
+        // The residual hides one of four routed experts: recall 3/4.
+        assert_eq!(p.pilot_routed, 6 * 4 * 4);
+        assert_eq!(p.pilot_hits * 4, p.pilot_routed * 3);
+        assert_eq!(src.stats().pilot_recall(), Some(0.75));
+        assert!(p.prefetch_loads > 0, "{p:?}");
+        // The hidden expert is the only one left to demand (when not cached).
+        assert!(p.hits + p.inflight_joins >= p.pilot_hits, "{p:?}");
+    });
+}
+
+#[test]
+fn no_overlap_mode_reads_one_expert_at_a_time() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let st = Arc::new(ControlledStorage::new(fx.pread(), None));
+        let cfg = PipelineConfig {
+            overlap: false,
+            io_workers: 4,
+            ..PipelineConfig::default()
+        };
+        let src = pipeline(&fx, st.clone(), cfg);
+        src.pilot(Tag::new(0, 0, 0), &common::residual(1, 0, 0, 8, 3));
+        let ks = keys(0, &[0, 3, 5]);
+        let mut order = Vec::new();
+        src.fetch(Tag::new(0, 0, 0), &ks, &mut |i, e| {
+            // When index i arrives, exactly i+1 experts were read: the next
+            // read has not started.
+            order.push((i, st.log.lock().len()));
+            assert_eq!(e.key, ks[i]);
+            Ok(())
+        })
+        .expect("fetch");
+        assert_eq!(order, vec![(0, 1), (1, 2), (2, 3)]);
+        // Hits come first, then misses one by one.
+        let mut order = Vec::new();
+        src.fetch(Tag::new(0, 0, 0), &keys(0, &[6, 3]), &mut |i, _| {
+            order.push(i);
+            Ok(())
+        })
+        .expect("fetch");
+        assert_eq!(order, vec![1, 0]);
+        assert_eq!(src.profile().prefetch_loads, 0);
+    });
+}
+
+#[test]
+fn sink_errors_stop_the_fetch_and_leave_the_pipeline_usable() {
+    with_timeout(30, || {
+        let fx = Fixture::new(2, 8);
+        let st = Arc::new(ControlledStorage::new(fx.pread(), None));
+        let src = pipeline(&fx, st, PipelineConfig::default());
+        let r = src.fetch(Tag::new(0, 0, 0), &keys(0, &[1, 2, 3]), &mut |_, _| {
+            Err(SourceError::Compute("boom".into()))
+        });
+        assert!(matches!(r, Err(SourceError::Compute(_))));
+        fetch_checked(&src, &fx, Tag::new(0, 0, 0), &keys(0, &[1, 2, 3, 4])).expect("next fetch");
+    });
+}
+
+/// Not a check (speed is never asserted): prints how much load‖compute
+/// overlap and the pilot save on a simulated slow disk with simulated
+/// compute. `cargo test -p colibri-actors --test behaviour -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn overlap_report() {
+    let fx = Fixture::new(8, 32);
+    let k = 4;
+    let run = |overlap: bool, pilot: bool| {
+        let cfg = PipelineConfig {
+            overlap,
+            pilot,
+            pilot_k: k,
+            cache_cap: Some(4),
+            io_workers: 4,
+            disk_sim: Some("bw=20MB/s,lat=1ms,jitter=500us,seed=1".parse().expect("spec")),
+            ..PipelineConfig::default()
+        };
+        let src =
+            PipelineSource::open(fx.map.clone(), fx.decoder(), Some(Arc::new(TopK)), cfg).expect("open");
+        let t0 = std::time::Instant::now();
+        for s in 0..6u64 {
+            let tag = Tag::new(0, s, 0);
+            src.advance(tag);
+            src.pilot(tag, &common::residual(2, s, 0, fx.experts, k));
+            for l in 0..fx.layers {
+                // attention
+                std::thread::sleep(Duration::from_micros(500));
+                if l + 1 < fx.layers {
+                    src.pilot(tag.at_layer(l + 1), &common::residual(2, s, l + 1, fx.experts, k));
+                }
+                let ks: Vec<ExpertKey> = common::routing(2, s, l, fx.experts, k)
+                    .into_iter()
+                    .map(|e| ExpertKey::new(l, e))
+                    .collect();
+                src.fetch(tag.at_layer(l), &ks, &mut |_, _| {
+                    std::thread::sleep(Duration::from_micros(700)); // expert matmul
+                    Ok(())
+                })
+                .expect("fetch");
+            }
+        }
+        (t0.elapsed().as_secs_f64(), src.profile())
+    };
+    let (base, pb) = run(false, false);
+    let (ovl, po) = run(true, false);
+    let (pil, pp) = run(true, true);
+    eprintln!("no overlap {base:.3}s (wait {:.0}%)", 100.0 * pb.wait_fraction());
+    eprintln!(
+        "overlap    {ovl:.3}s (wait {:.0}%) x{:.2}",
+        100.0 * po.wait_fraction(),
+        base / ovl
+    );
+    eprintln!(
+        "overlap+pilot {pil:.3}s (wait {:.0}%) x{:.2}, recall {:?}, prefetch loads {}",
+        100.0 * pp.wait_fraction(),
+        base / pil,
+        pp.source_stats().pilot_recall(),
+        pp.prefetch_loads
+    );
+}

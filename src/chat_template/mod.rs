@@ -1,0 +1,19 @@
+//! Chat templates: turning a conversation into the text a model was tuned on.
+//!
+//! Models ship their format as a Jinja template in `tokenizer_config.json`
+//! (`chat_template`). We render it with minijinja configured like Hugging Face
+//! does (`trim_blocks`, `lstrip_blocks`, `raise_exception`, Python string
+//! methods through minijinja-contrib's pycompat), so the prompt matches what
+//! the model saw in training. When a checkout has no template, a built-in
+//! one per family ([`Family`]) stands in.
+//!
+//! `coli serve` keeps the conversation in the KV cache, so it needs only the
+//! text a new user turn adds: [`ChatTemplate::render_turn`].
+
+mod builtin;
+mod error;
+mod template;
+
+pub use builtin::Family;
+pub use error::TemplateError;
+pub use template::{ChatMessage, ChatTemplate};

@@ -1,0 +1,356 @@
+//! Rendering a conversation with a Jinja chat template.
+
+use std::path::Path;
+
+use minijinja::{Environment, Error, ErrorKind, context};
+use serde::Serialize;
+
+use super::builtin::Family;
+use super::error::TemplateError;
+
+/// One message of a conversation, as chat templates expect it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with an arbitrary role.
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+    /// A user turn.
+    pub fn user(content: &str) -> Self {
+        Self::new("user", content)
+    }
+    /// A model reply.
+    pub fn assistant(content: &str) -> Self {
+        Self::new("assistant", content)
+    }
+    /// A system prompt.
+    pub fn system(content: &str) -> Self {
+        Self::new("system", content)
+    }
+}
+
+const NAME: &str = "chat_template";
+
+/// A compiled chat template with the special tokens it refers to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+    origin: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+fn raise_exception(msg: String) -> Result<String, Error> {
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("template raised: {msg}"),
+    ))
+}
+
+/// A special token in tokenizer_config.json: a string, `{"content": ...}`, or null.
+fn token_of(v: Option<&serde_json::Value>) -> Option<String> {
+    match v? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        _ => None,
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source` the way Hugging Face renders chat templates.
+    /// `origin` names where the template came from, for error messages.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str, origin: &str) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|source| TemplateError::Syntax {
+                origin: origin.to_string(),
+                source,
+            })?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+            origin: origin.to_string(),
+        })
+    }
+
+    /// The built-in template of `family` with its default special tokens.
+    pub fn builtin(family: Family) -> Self {
+        let (bos, eos) = family.default_tokens();
+        Self::builtin_with_tokens(family, bos, eos)
+    }
+
+    fn builtin_with_tokens(family: Family, bos: &str, eos: &str) -> Self {
+        let origin = format!("the built-in {family:?} template");
+        match Self::new(family.template(), bos, eos, &origin) {
+            Ok(t) => t,
+            // The built-in sources are constants covered by tests.
+            Err(e) => unreachable!("built-in template does not compile: {e}"),
+        }
+    }
+
+    /// Reads `chat_template`, `bos_token` and `eos_token` from a
+    /// tokenizer_config.json. Without a template, `fallback`'s built-in one is
+    /// used (with the file's tokens when it names them). A missing file is an
+    /// error: the caller decides whether to fall back entirely.
+    pub fn from_tokenizer_config(path: &Path, fallback: Family) -> Result<Self, TemplateError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|source| TemplateError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (dbos, deos) = fallback.default_tokens();
+        let bos = token_of(json.get("bos_token")).unwrap_or_else(|| dbos.to_string());
+        let eos = token_of(json.get("eos_token")).unwrap_or_else(|| deos.to_string());
+        let source = match json.get("chat_template") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            // Newer configs: a list of {"name", "template"}; "default" is the chat one.
+            Some(serde_json::Value::Array(list)) => {
+                let pick = list
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                    .or_else(|| list.first());
+                match pick.and_then(|t| t.get("template")).and_then(|t| t.as_str()) {
+                    Some(s) => Some(s.to_string()),
+                    None => {
+                        return Err(TemplateError::Shape {
+                            path: path.to_path_buf(),
+                            what: "a list without a usable {\"name\", \"template\"} entry".into(),
+                        });
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(TemplateError::Shape {
+                    path: path.to_path_buf(),
+                    what: format!("expected a string or a list, found {other}"),
+                });
+            }
+        };
+        match source {
+            Some(src) => Self::new(&src, &bos, &eos, &path.display().to_string()),
+            None => Ok(Self::builtin_with_tokens(fallback, &bos, &eos)),
+        }
+    }
+
+    /// The whole conversation as prompt text.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let render_err = |source| TemplateError::Render {
+            origin: self.origin.clone(),
+            source,
+        };
+        let tmpl = self.env.get_template(NAME).map_err(render_err)?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        })
+        .map_err(render_err)
+    }
+
+    /// The text a new user turn adds after `history` (whose tokens are already
+    /// in the KV cache), ending with the assistant prompt.
+    ///
+    /// Computed as the part of `render(history + [user], true)` past its common
+    /// prefix with `render(history, false)`: exact for templates that render a
+    /// conversation as the concatenation of its messages. With an empty
+    /// history this is the full prompt (including any BOS text).
+    pub fn render_turn(&self, history: &[ChatMessage], user_text: &str) -> Result<String, TemplateError> {
+        let mut all = history.to_vec();
+        all.push(ChatMessage::user(user_text));
+        let full = self.render(&all, true)?;
+        if history.is_empty() {
+            return Ok(full);
+        }
+        let before = self.render(history, false)?;
+        let mut common = full
+            .bytes()
+            .zip(before.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        while !full.is_char_boundary(common) {
+            common -= 1;
+        }
+        Ok(full[common..].to_string())
+    }
+
+    /// Where the template came from (a path or "the built-in ... template").
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Tulu-style template of OLMoE-1B-7B-0125-Instruct's tokenizer_config.json.
+    const OLMOE_0125: &str = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}{{ '<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}{% if not loop.last %}{{ '<|assistant|>\n'  + message['content'] + eos_token + '\n' }}{% else %}{{ '<|assistant|>\n'  + message['content'] + eos_token }}{% endif %}{% endif %}{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}";
+
+    fn conv() -> Vec<ChatMessage> {
+        vec![
+            ChatMessage::system("Be brief."),
+            ChatMessage::user("Hi"),
+            ChatMessage::assistant("Hello!"),
+        ]
+    }
+
+    #[test]
+    fn real_olmoe_template_renders_tulu() {
+        let t = ChatTemplate::new(OLMOE_0125, "<|endoftext|>", "<|endoftext|>", "test").unwrap();
+        let s = t.render(&conv(), false).unwrap();
+        assert_eq!(
+            s,
+            "<|endoftext|><|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!<|endoftext|>"
+        );
+        let s = t.render(&[ChatMessage::user("2+2?")], true).unwrap();
+        assert_eq!(s, "<|endoftext|><|user|>\n2+2?\n<|assistant|>\n");
+    }
+
+    #[test]
+    fn builtin_olmoe_matches_the_real_template() {
+        let real = ChatTemplate::new(OLMOE_0125, "<|endoftext|>", "<|endoftext|>", "test").unwrap();
+        let ours = ChatTemplate::builtin(Family::Olmoe);
+        let mut msgs = conv();
+        for add in [false, true] {
+            assert_eq!(ours.render(&msgs, add).unwrap(), real.render(&msgs, add).unwrap());
+        }
+        msgs.push(ChatMessage::user("multi\nline"));
+        assert_eq!(
+            ours.render(&msgs, true).unwrap(),
+            real.render(&msgs, true).unwrap()
+        );
+        assert_eq!(
+            ours.render_turn(&conv(), "x").unwrap(),
+            real.render_turn(&conv(), "x").unwrap()
+        );
+    }
+
+    #[test]
+    fn turn_delta_continues_the_conversation() {
+        let t = ChatTemplate::builtin(Family::Olmoe);
+        assert_eq!(
+            t.render_turn(&[], "Hi").unwrap(),
+            "<|endoftext|><|user|>\nHi\n<|assistant|>\n"
+        );
+        let hist = [ChatMessage::user("Hi"), ChatMessage::assistant("Yo")];
+        assert_eq!(
+            t.render_turn(&hist, "Más ñ").unwrap(),
+            "\n<|user|>\nMás ñ\n<|assistant|>\n"
+        );
+    }
+
+    #[test]
+    fn glm_builtin_format() {
+        let t = ChatTemplate::builtin(Family::Glm);
+        assert_eq!(
+            t.render_turn(&[], "Ciao").unwrap(),
+            "[gMASK]<sop><|user|>Ciao<|assistant|><think></think>"
+        );
+        let hist = [ChatMessage::user("Ciao"), ChatMessage::assistant("Salve")];
+        assert_eq!(
+            t.render_turn(&hist, "Come va?").unwrap(),
+            "<|user|>Come va?<|assistant|><think></think>"
+        );
+    }
+
+    #[test]
+    fn hf_features_work() {
+        let src = "{% for m in messages %}{% if m.role not in ['user','assistant'] %}\
+                   {{ raise_exception('bad role: ' + m.role) }}{% endif %}\
+                   {{ m.content.strip() | trim }}|{{ m.content.startswith(' a') }}|{{ m | tojson }}\n\
+                   {% endfor %}";
+        let t = ChatTemplate::new(src, "", "", "test").unwrap();
+        let s = t.render(&[ChatMessage::user(" ab ")], false).unwrap();
+        assert_eq!(s, "ab|True|{\"role\":\"user\",\"content\":\" ab \"}\n");
+        let err = t.render(&[ChatMessage::new("tool", "x")], false).unwrap_err();
+        assert!(matches!(err, TemplateError::Render { .. }));
+        assert!(format!("{err:#}").contains("bad role: tool") || err.to_string().contains("rendering"));
+        let chain = std::error::Error::source(&err)
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(chain.contains("bad role: tool"), "{chain}");
+    }
+
+    #[test]
+    fn bad_template_is_a_typed_error() {
+        let err = ChatTemplate::new("{% for x in %}", "", "", "cfg.json").unwrap_err();
+        assert!(matches!(err, TemplateError::Syntax { ref origin, .. } if origin == "cfg.json"));
+        let err = ChatTemplate::new("{{ undefined_fn() }}", "", "", "t")
+            .unwrap()
+            .render(&[], true)
+            .unwrap_err();
+        assert!(matches!(err, TemplateError::Render { .. }));
+    }
+
+    #[test]
+    fn tokenizer_config_variants() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokenizer_config.json");
+        std::fs::write(
+            &p,
+            serde_json::json!({"chat_template": OLMOE_0125, "bos_token": "<s>", "eos_token": {"content": "</s>"}})
+                .to_string(),
+        )
+        .unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&p, Family::Glm).unwrap();
+        assert_eq!(
+            t.render(&[ChatMessage::assistant("a")], false).unwrap(),
+            "<s><|assistant|>\na</s>"
+        );
+        std::fs::write(&p, r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}], "eos_token": "E"}"#).unwrap();
+        assert_eq!(
+            ChatTemplate::from_tokenizer_config(&p, Family::Olmoe)
+                .unwrap()
+                .render(&[], true)
+                .unwrap(),
+            "DE"
+        );
+        std::fs::write(&p, r#"{"eos_token": null}"#).unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&p, Family::Glm).unwrap();
+        assert!(t.origin().contains("built-in"));
+        std::fs::write(&p, r#"{"chat_template": 5}"#).unwrap();
+        assert!(matches!(
+            ChatTemplate::from_tokenizer_config(&p, Family::Glm),
+            Err(TemplateError::Shape { .. })
+        ));
+        std::fs::write(&p, "{not json").unwrap();
+        assert!(matches!(
+            ChatTemplate::from_tokenizer_config(&p, Family::Glm),
+            Err(TemplateError::Json { .. })
+        ));
+        let missing = dir.path().join("nope.json");
+        assert!(matches!(
+            ChatTemplate::from_tokenizer_config(&missing, Family::Glm),
+            Err(TemplateError::Read { .. })
+        ));
+    }
+}
