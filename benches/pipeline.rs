@@ -102,8 +102,14 @@ fn pipeline(c: &mut Criterion) {
     for (name, s) in &secs {
         eprintln!("  {name:<11} {:.1} tok/s", TOKENS as f64 / s);
     }
-    eprintln!("  overlap speed-up over no-overlap: {:.2}x", t("no-overlap") / t("overlap"));
-    eprintln!("  overlap speed / resident speed:   {:.2}", t("resident") / t("overlap"));
+    eprintln!(
+        "  overlap speed-up over no-overlap: {:.2}x",
+        t("no-overlap") / t("overlap")
+    );
+    eprintln!(
+        "  overlap speed / resident speed:   {:.2}",
+        t("resident") / t("overlap")
+    );
 
     let mut group = c.benchmark_group("pipeline");
     group

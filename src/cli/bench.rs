@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
+use colibri_actors::StorageOptions;
 
 use super::{EngineArgs, ModelArg};
 use crate::config::OlmoeConfig;
@@ -116,14 +117,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
             let ck = Checkpoint::open(&dir)?;
             let (map, _) = expert_map(&cfg, &ck, LoadOptions::default())?;
             drop(ck);
-            let bw = read_bandwidth(&map, opts.direct, args.probe_mb.saturating_mul(1 << 20))?;
+            let storage = StorageOptions {
+                direct: opts.direct,
+                mmap: opts.mmap,
+                ..StorageOptions::default()
+            };
+            let bw = read_bandwidth(&map, &storage, args.probe_mb.saturating_mul(1 << 20))?;
             let how = format!(
-                "measured: sequential read of {:.0} MB of expert extents, {}",
+                "measured: sequential read of {:.0} MB of expert extents via {}{}",
                 bw.bytes as f64 / 1e6,
-                if bw.direct {
-                    "O_DIRECT"
+                bw.kind,
+                if bw.kind == "direct" {
+                    ""
                 } else {
-                    "buffered (page cache may serve it)"
+                    " (the page cache may serve it)"
                 }
             );
             (bw.bytes_per_sec(), how)
