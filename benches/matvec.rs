@@ -1,1 +1,218 @@
-fn main() {}
+//! Matrix-vector throughput against a plain memory-read baseline.
+//!
+//! Each weight format streams a matrix larger than the last-level cache
+//! (`COLI_BENCH_MB` MiB of weights, default 512; `COLI_BENCH_COLS` columns,
+//! default 4096) on one thread and on all threads. The summary prints GB/s of
+//! weight bytes and the ratio to a SIMD sum over a buffer of the same size
+//! with the same thread count, measured in the same run: the target is a ratio
+//! of at least 0.8 for int8 and int4.
+
+use std::cell::RefCell;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use colibri::kernels::{Kernels, dispatch};
+use colibri::quant::{ByteStore, QFormat, QMatrix};
+use criterion::{Criterion, SamplingMode, Throughput};
+use rayon::prelude::*;
+use rayon::{ThreadPool, ThreadPoolBuilder};
+
+/// Best seconds per iteration of one case.
+struct Record {
+    case: String,
+    threads: usize,
+    bytes: usize,
+    seconds: f64,
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
+}
+
+/// Pseudo-random bytes, cheap enough for hundreds of MiB.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.extend_from_slice(&s.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Wrapping sum of a buffer in 64 KiB tasks, with the kernels' SIMD loads
+/// and prefetching: the memory-read roofline.
+fn read_all(k: &Kernels, buf: &[u8]) -> u64 {
+    buf.par_chunks(1 << 16)
+        .map(|c| k.read_sum(c))
+        .reduce(|| 0, u64::wrapping_add)
+}
+
+/// Runs `f` under `pool` in a criterion bench and records its best time.
+fn run(
+    c: &mut Criterion,
+    records: &RefCell<Vec<Record>>,
+    case: &str,
+    bytes: usize,
+    pools: &[(usize, ThreadPool)],
+    mut f: impl FnMut() + Send,
+) {
+    let mut group = c.benchmark_group(case);
+    group
+        .throughput(Throughput::Bytes(bytes as u64))
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(1500));
+    for (threads, pool) in pools {
+        let mut best = f64::INFINITY;
+        group.bench_function(format!("{threads}t"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    pool.install(&mut f);
+                }
+                let took = start.elapsed();
+                best = best.min(took.as_secs_f64() / iters as f64);
+                took
+            })
+        });
+        records.borrow_mut().push(Record {
+            case: case.to_string(),
+            threads: *threads,
+            bytes,
+            seconds: best,
+        });
+    }
+    group.finish();
+}
+
+/// A `[rows, cols]` matrix of about `bytes` weight bytes in `format`.
+fn matrix(format: QFormat, bytes: usize, cols: usize) -> QMatrix {
+    let rows = (bytes / format.row_bytes(cols)).max(1);
+    match format {
+        QFormat::F32 => {
+            let raw = random_bytes(rows * cols, 7);
+            let w = raw.iter().map(|&b| (b as i8) as f32 / 128.0).collect();
+            QMatrix::from_f32(rows, cols, w).expect("f32 bench matrix")
+        }
+        f => {
+            let raw = random_bytes(rows * f.row_bytes(cols), 11);
+            let scales = vec![0.01; rows * f.scales_per_row(cols)];
+            QMatrix::from_parts(rows, cols, f, ByteStore::from_vec(raw), scales).expect("bench matrix")
+        }
+    }
+}
+
+fn main() {
+    let mb = env_usize("COLI_BENCH_MB", 512);
+    let cols = env_usize("COLI_BENCH_COLS", 4096);
+    let bytes = mb << 20;
+    let all = rayon::current_num_threads();
+    let pools: Vec<(usize, ThreadPool)> = [1, all]
+        .into_iter()
+        .map(|n| {
+            (
+                n,
+                ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .expect("thread pool"),
+            )
+        })
+        .collect();
+    let mut c = Criterion::default().configure_from_args();
+    let records = RefCell::new(Vec::new());
+    let k = dispatch();
+    eprintln!(
+        "kernels: {} (available: {:?})",
+        k.name,
+        Kernels::available().iter().map(|k| k.name).collect::<Vec<_>>()
+    );
+
+    {
+        let buf = random_bytes(bytes, 3);
+        run(&mut c, &records, "read-baseline", bytes, &pools, || {
+            black_box(read_all(&k, black_box(&buf)));
+        });
+    }
+
+    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    for (name, format) in [
+        ("int8", QFormat::Int8),
+        ("int4", QFormat::Int4),
+        ("int4-g64", QFormat::Int4Grouped { group: 64 }),
+        ("f32", QFormat::F32),
+    ] {
+        let m = matrix(format, bytes, cols);
+        let mut y = vec![0f32; m.rows()];
+        run(
+            &mut c,
+            &records,
+            &format!("matvec-{name}"),
+            m.resident_bytes(),
+            &pools,
+            || {
+                m.matvec(black_box(&x), &mut y);
+            },
+        );
+        if format != QFormat::F32 && k.has_vnni() {
+            run(
+                &mut c,
+                &records,
+                &format!("matvec-q8-{name}"),
+                m.resident_bytes(),
+                &pools,
+                || {
+                    m.matvec_q8(black_box(&x), &mut y);
+                },
+            );
+        }
+        if format == QFormat::Int4 {
+            // Prefill: 16 tokens reading each row once. GB/s counts the
+            // weight bytes once per token, i.e. equivalent matvec traffic.
+            let n = 16;
+            let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.11).cos()).collect();
+            let mut ys = vec![0f32; n * m.rows()];
+            run(
+                &mut c,
+                &records,
+                "matmul16-int4",
+                m.resident_bytes() * n,
+                &pools,
+                || {
+                    m.matmul(black_box(&xs), n, &mut ys);
+                },
+            );
+        }
+    }
+    c.final_summary();
+
+    let records = records.into_inner();
+    let base = |threads: usize| {
+        records
+            .iter()
+            .find(|r| r.case == "read-baseline" && r.threads == threads)
+            .map(|r| r.bytes as f64 / r.seconds)
+    };
+    println!("\nweights {mb} MiB, {cols} columns, kernels {}", k.name);
+    println!("{:<20} {:>7} {:>10} {:>8}", "case", "threads", "GB/s", "ratio");
+    for r in &records {
+        let gbs = r.bytes as f64 / r.seconds;
+        let ratio = base(r.threads).map(|b| gbs / b).unwrap_or(f64::NAN);
+        println!(
+            "{:<20} {:>7} {:>10.2} {:>8.3}",
+            r.case,
+            r.threads,
+            gbs / 1e9,
+            ratio
+        );
+    }
+}

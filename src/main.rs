@@ -5,6 +5,8 @@ use colibri::cli::{Cli, Command, bench, convert, run, synth, validate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let trace = cli.command.engine_args().and_then(|a| a.trace.clone());
+    let _telemetry = colibri::telemetry::init(trace.as_deref());
     let result = match cli.command {
         Command::Run(a) => run::run(a).map(|_| true),
         Command::Validate(a) => validate::run(a),

@@ -45,9 +45,11 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Text of `ids`; special tokens (end-of-turn markers and the like) are
+    /// not printed.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         self.inner
-            .decode(ids, false)
+            .decode(ids, true)
             .map_err(|e| TokenizerError::Decode(e.to_string()))
     }
 

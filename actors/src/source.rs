@@ -77,6 +77,12 @@ pub trait ExpertSource<T>: Send + Sync {
 
     /// Snapshot of the counters.
     fn stats(&self) -> SourceStats;
+
+    /// Detailed timing and I/O counters, for sources that keep them
+    /// (`--profile`, `coli bench`).
+    fn profile(&self) -> Option<crate::pipeline::PipelineProfile> {
+        None
+    }
 }
 
 /// Reads experts on the caller's thread with positioned reads, keeps nothing.

@@ -34,6 +34,17 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+impl Command {
+    /// The engine options of commands that run a model.
+    pub fn engine_args(&self) -> Option<&EngineArgs> {
+        match self {
+            Command::Run(a) => Some(&a.engine),
+            Command::Validate(a) => Some(&a.engine),
+            Command::Convert(_) => None,
+        }
+    }
+}
+
 /// Where the model is: `--model`, else `$COLI_MODEL`, else the bundled model.
 #[derive(Debug, Args, Clone)]
 pub struct ModelArg {
@@ -82,7 +93,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub ram_gb: Option<f64>,
     /// Pilot prefetcher (predicts the next layer's experts).
-    #[arg(long, default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pilot: bool,
     /// Experts the pilot prefetches per layer (default: the model's top-k).
     #[arg(long)]
@@ -132,6 +143,7 @@ impl EngineArgs {
             mmap: self.mmap,
             disk_sim: self.disk_sim.clone(),
             overlap: !self.no_overlap,
+            kv_slots: 1,
         }
     }
 }

@@ -71,6 +71,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if text_mode {
         engine.tokenizer()?;
     }
+    let before = engine.profile();
     let mut out = std::io::stdout().lock();
     let mut stream = StreamDecoder::new();
     let mut io_err: Option<anyhow::Error> = None;
@@ -101,6 +102,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         writeln!(out, "{}", line.join(" "))?;
     } else {
         writeln!(out)?;
+    }
+    if args.engine.profile
+        && let (Some(b), Some(a)) = (before, engine.profile())
+    {
+        eprint!("{}", crate::engine::profile::report(&stats, &b, &a));
     }
     let s = engine.stats();
     eprintln!(

@@ -1,7 +1,9 @@
 //! Model configurations read from a checkpoint's `config.json`.
 
+pub mod glm;
 pub mod olmoe;
 
+pub use glm::GlmConfig;
 pub use olmoe::OlmoeConfig;
 
 use std::path::{Path, PathBuf};
@@ -21,7 +23,7 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("{path}: model_type {found:?} is not supported (supported: olmoe)")]
+    #[error("{path}: model_type {found:?} is not supported (supported: olmoe, glm_moe_dsa, deepseek_v3)")]
     ModelType { path: PathBuf, found: String },
     #[error("{path}: {field} {reason}")]
     Invalid {

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use colibri_actors::Tag;
 
+use super::speculative::{self, Speculator};
 use super::{Engine, EngineError};
 use crate::model::lm::{Logits, SequenceState};
 use crate::sampling::Sampler;
@@ -46,7 +47,9 @@ pub struct Session {
     pub generation: u64,
     step: u64,
     /// Logits after the last token in `tokens`, when known.
-    last_logits: Option<Vec<f32>>,
+    pub(super) last_logits: Option<Vec<f32>>,
+    /// Speculative decoding for greedy generation (off when `None`).
+    pub spec: Option<Speculator>,
 }
 
 impl Session {
@@ -57,6 +60,7 @@ impl Session {
             generation: 0,
             step: 0,
             last_logits: None,
+            spec: None,
         }
     }
 
@@ -76,7 +80,7 @@ impl Session {
         }
     }
 
-    fn next_tag(&mut self) -> Tag {
+    pub(super) fn next_tag(&mut self) -> Tag {
         self.step += 1;
         Tag::new(self.generation, self.step, 0)
     }
@@ -103,6 +107,12 @@ impl Session {
         sampler: &mut Sampler,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<GenStats, EngineError> {
+        let greedy = !(sampler.params.temperature > 0.0 && sampler.params.temperature.is_finite());
+        if greedy && let Some(mut spec) = self.spec.take() {
+            let r = speculative::generate(self, &mut spec, engine, prompt, max_tokens, on_token);
+            self.spec = Some(spec);
+            return r;
+        }
         let mut stats = GenStats {
             prompt_tokens: prompt.len(),
             ..GenStats::default()

@@ -3,6 +3,8 @@
 
 mod generate;
 mod options;
+pub mod profile;
+pub mod speculative;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::EngineOptions;
@@ -10,11 +12,15 @@ pub use options::EngineOptions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use colibri_actors::{BlockingSource, ExpertMap, ExpertSource, SourceStats};
+use colibri_actors::cache::default_ram_budget;
+use colibri_actors::{
+    ExpertMap, ExpertSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor, SimSpec, SourceStats,
+};
 
-use crate::config::{ConfigError, OlmoeConfig, read_json};
+use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
+use crate::model::glm::{self, Glm, GlmPredictor};
 use crate::model::lm::LanguageModel;
 use crate::model::olmoe::{self, LoadOptions, Olmoe, OlmoePredictor};
 use crate::quant::QFormat;
@@ -40,17 +46,75 @@ pub struct SourceFactory<'a> {
     pub opts: &'a EngineOptions,
 }
 
-/// A model's router math as the pilot prefetcher uses it.
-pub type PredictFn = Arc<dyn Fn(usize, &[f32], usize) -> Vec<u32> + Send + Sync>;
+/// Memory the engine needs besides the expert cache, for the default budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryNeeds {
+    /// Resident (dense) weights, already loaded.
+    pub dense_bytes: u64,
+    /// KV cache at full context for every slot.
+    pub kv_bytes: u64,
+}
+
+/// Activations, scratch buffers and I/O buffers in flight.
+const WORKING_SET_BYTES: u64 = 256 << 20;
 
 impl SourceFactory<'_> {
+    /// The pipelined source configured from the engine options. The cache
+    /// budget is `--ram-gb` minus everything else the engine holds, or by
+    /// default what MemAvailable leaves after the KV cache and working set
+    /// (the dense weights are already loaded when this runs, so
+    /// MemAvailable no longer counts them).
     pub fn build(
         &self,
         map: ExpertMap,
         codec: ExpertCodec,
-        _predict: Option<PredictFn>,
-    ) -> Result<Arc<dyn ExpertSource<ExpertWeights>>, ModelError> {
-        Ok(Arc::new(BlockingSource::open(map, Box::new(codec))?))
+        predictor: Option<Arc<dyn Predictor>>,
+        top_k: usize,
+        needs: MemoryNeeds,
+    ) -> Result<Arc<dyn ExpertSource<ExpertWeights>>, EngineError> {
+        let o = self.opts;
+        let disk_sim = match &o.disk_sim {
+            Some(spec) => Some(
+                spec.parse::<SimSpec>()
+                    .map_err(|e| EngineError::Option(format!("--disk-sim {spec:?}: {e}")))?,
+            ),
+            None => None,
+        };
+        let ram_budget_bytes = match o.ram_gb {
+            Some(g) if !(g.is_finite() && g > 0.0) => {
+                return Err(EngineError::Option(format!(
+                    "--ram-gb must be a positive number, got {g}"
+                )));
+            }
+            Some(g) => {
+                let others = needs.dense_bytes + needs.kv_bytes + WORKING_SET_BYTES;
+                let budget = default_ram_budget(Some(g), others).unwrap_or(0);
+                if budget == 0 {
+                    return Err(EngineError::Option(format!(
+                        "--ram-gb {g}: the dense weights, KV cache and working set alone need {:.2} GB",
+                        others as f64 / (1u64 << 30) as f64
+                    )));
+                }
+                Some(budget)
+            }
+            None => default_ram_budget(None, needs.kv_bytes + WORKING_SET_BYTES),
+        };
+        let config = PipelineConfig {
+            io_workers: o.io_workers.max(1),
+            cache_cap: o.cache_cap,
+            ram_budget_bytes,
+            pilot: o.pilot && predictor.is_some(),
+            pilot_k: o.pilot_k.unwrap_or(top_k).max(1),
+            direct: o.direct,
+            mmap: o.mmap,
+            drop_cache: false,
+            disk_sim,
+            overlap: o.overlap,
+            ..PipelineConfig::default()
+        };
+        let source =
+            PipelineSource::open(map, Box::new(codec), predictor, config).map_err(ModelError::from)?;
+        Ok(Arc::new(source))
     }
 }
 
@@ -75,15 +139,43 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<(Box<dyn LanguageMode
             let dense = Arc::new(olmoe::load_dense(&cfg, &ck, load)?);
             let (map, codec) = olmoe::expert_map(&cfg, &ck, load)?;
             drop(ck);
-            let predictor = OlmoePredictor {
+            let predictor: Arc<dyn Predictor> = Arc::new(OlmoePredictor {
                 cfg: cfg.clone(),
                 weights: dense.clone(),
+            });
+            let needs = MemoryNeeds {
+                dense_bytes: dense.resident_bytes() as u64,
+                kv_bytes: (cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 4) as u64
+                    * cfg.max_position_embeddings as u64
+                    * opts.kv_slots.max(1) as u64,
             };
-            let predict: PredictFn =
-                Arc::new(move |layer, residual, k| predictor.predict(layer, residual, k));
-            let source = factory.build(map, codec, Some(predict))?;
+            let source = factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(Olmoe::new(cfg, dense, source)), stops))
+        }
+        "glm_moe_dsa" | "deepseek_v3" => {
+            let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
+            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+            let mtp = glm::mtp_available(&cfg, &ck);
+            let with_mtp = mtp.is_ok();
+            let dense = Arc::new(glm::load_dense(&cfg, &ck, load, with_mtp)?);
+            let (map, codec) = glm::expert_map(&cfg, &ck, load, with_mtp)?;
+            drop(ck);
+            let predictor: Arc<dyn Predictor> = Arc::new(GlmPredictor {
+                cfg: cfg.clone(),
+                weights: dense.clone(),
+            });
+            // The compressed cache: latent + rope key (+ indexer key) per position.
+            let per_pos = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim();
+            let needs = MemoryNeeds {
+                dense_bytes: dense.resident_bytes() as u64,
+                kv_bytes: (cfg.num_hidden_layers * per_pos * 4) as u64
+                    * cfg.max_position_embeddings as u64
+                    * opts.kv_slots.max(1) as u64,
+            };
+            let source = factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
+            let stops = stop_ids(dir, cfg.eos_ids());
+            Ok((Box::new(Glm::new(cfg, dense, source, mtp.err())), stops))
         }
         other => Err(ModelError::from(ConfigError::ModelType {
             path,
@@ -128,6 +220,11 @@ impl Engine {
 
     pub fn stats(&self) -> SourceStats {
         self.model.source().stats()
+    }
+
+    /// The pipeline's timing and I/O counters (None for sources without them).
+    pub fn profile(&self) -> Option<PipelineProfile> {
+        self.model.source().profile()
     }
 
     pub fn new_session(&self) -> Session {

@@ -17,6 +17,8 @@ pub struct EngineOptions {
     pub mmap: bool,
     pub disk_sim: Option<String>,
     pub overlap: bool,
+    /// Conversations held at once (sizes the KV part of the memory budget).
+    pub kv_slots: usize,
 }
 
 impl Default for EngineOptions {
@@ -33,6 +35,7 @@ impl Default for EngineOptions {
             mmap: false,
             disk_sim: None,
             overlap: true,
+            kv_slots: 1,
         }
     }
 }

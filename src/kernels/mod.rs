@@ -1,9 +1,26 @@
 //! Dot-product kernels over one weight row, in every storage format.
 //!
-//! The scalar versions are the reference; SIMD versions are chosen once at run
-//! time from the CPU's features and are property-tested against them.
+//! The scalar versions are the reference; SIMD versions (AVX2+FMA, AVX-512,
+//! NEON) are chosen once at run time from the CPU's features and are
+//! property-tested against them. Every kernel sums a row in a fixed order that
+//! depends only on the kernel set and the row's length, never on the thread
+//! count or on how many tokens are processed together, so `matmul` equals
+//! `matvec` per token bit for bit.
+//!
+//! The optional int8-activation mode ([`QActs`], [`Kernels::dot_q8`]) trades
+//! exactness against the f32 reference for speed; it is never the default.
 
+pub mod q8;
 pub mod scalar;
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::OnceLock;
+
+pub use q8::{Q8_BLOCK, QActs};
 
 use crate::quant::QFormat;
 
@@ -19,21 +36,258 @@ pub enum RowRef<'a> {
     },
 }
 
-/// The kernel set selected for this CPU.
-#[derive(Clone, Copy, Debug)]
-pub struct Kernels {
-    pub name: &'static str,
-}
+impl RowRef<'_> {
+    /// Logical number of columns.
+    pub fn cols(&self) -> usize {
+        match *self {
+            RowRef::F32(w) => w.len(),
+            RowRef::Packed { cols, .. } => cols,
+        }
+    }
 
-impl Kernels {
-    /// `row · x` in the row's format.
-    #[inline]
-    pub fn dot(&self, row: &RowRef<'_>, x: &[f32]) -> f32 {
-        scalar::dot(row, x)
+    /// Panics unless the row's buffers hold what its format says and `x` has
+    /// `cols` values: the SIMD kernels read through raw pointers, so this
+    /// check is what keeps them in bounds.
+    fn check(&self, x_len: usize) {
+        if let RowRef::Packed {
+            format,
+            cols,
+            bytes,
+            scales,
+        } = *self
+        {
+            let spr = match format {
+                QFormat::Int4Grouped { group: 0 } => usize::MAX,
+                f => f.scales_per_row(cols),
+            };
+            assert!(
+                bytes.len() >= format.row_bytes(cols) && scales.len() >= spr,
+                "{format} row of {cols} columns with {} bytes and {} scales",
+                bytes.len(),
+                scales.len()
+            );
+        }
+        assert!(
+            x_len >= self.cols(),
+            "activation of {x_len} values for a row of {}",
+            self.cols()
+        );
     }
 }
 
-/// The best kernels this CPU supports.
+/// Instruction set a [`Kernels`] value uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+/// A kernel set: which instruction set computes row dot products. A value can
+/// only be built for a CPU that supports it, which is what makes calling the
+/// `#[target_feature]` functions behind it sound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    /// Human-readable name for logs and benches ("scalar", "avx2", "avx512", ...).
+    pub name: &'static str,
+    isa: Isa,
+    vnni: bool,
+}
+
+impl Kernels {
+    /// The portable reference kernels, always available.
+    pub fn scalar() -> Self {
+        Self {
+            name: "scalar",
+            isa: Isa::Scalar,
+            vnni: false,
+        }
+    }
+
+    /// AVX2+FMA kernels, when this CPU has them.
+    pub fn avx2() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if x86::has_avx2() {
+            return Some(Self {
+                name: "avx2",
+                isa: Isa::Avx2,
+                vnni: false,
+            });
+        }
+        None
+    }
+
+    /// AVX-512F/BW kernels (with the VNNI int8-activation path when the CPU
+    /// has AVX512-VNNI), when this CPU has them.
+    pub fn avx512() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if x86::has_avx512() {
+            let vnni = x86::has_vnni();
+            return Some(Self {
+                name: if vnni { "avx512+vnni" } else { "avx512" },
+                isa: Isa::Avx512,
+                vnni,
+            });
+        }
+        None
+    }
+
+    /// NEON kernels on aarch64.
+    pub fn neon() -> Option<Self> {
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Some(Self {
+                name: "neon",
+                isa: Isa::Neon,
+                vnni: false,
+            });
+        }
+        None
+    }
+
+    /// Every kernel set this CPU can run, scalar first (tests, benches).
+    pub fn available() -> Vec<Self> {
+        let mut all = vec![Self::scalar()];
+        all.extend(Self::avx2());
+        if let Some(k) = Self::avx512() {
+            if k.vnni {
+                all.push(k.without_vnni());
+            }
+            all.push(k);
+        }
+        all.extend(Self::neon());
+        all
+    }
+
+    /// The fastest set for this CPU (uncached; see [`dispatch`]).
+    pub fn detect() -> Self {
+        Self::avx512()
+            .or_else(Self::avx2)
+            .or_else(Self::neon)
+            .unwrap_or_else(Self::scalar)
+    }
+
+    /// Whether [`Kernels::dot_q8`] uses AVX512-VNNI integer dot products.
+    pub fn has_vnni(&self) -> bool {
+        self.vnni
+    }
+
+    /// The same set with the int8-activation path on the scalar reference.
+    pub fn without_vnni(self) -> Self {
+        let name = if self.vnni { "avx512" } else { self.name };
+        Self {
+            name,
+            vnni: false,
+            ..self
+        }
+    }
+
+    /// `row · x` in the row's format.
+    #[inline]
+    pub fn dot(&self, row: &RowRef<'_>, x: &[f32]) -> f32 {
+        row.check(x.len());
+        self.dot_n::<1>(row, [x])[0]
+    }
+
+    /// `out[t] = row · x_t` for the `n` tokens of `x` (`[n, cols]`), reading
+    /// the row once per block of tokens so it stays in L1. Each value equals
+    /// [`Kernels::dot`] of that token exactly.
+    pub fn dot_batch(&self, row: &RowRef<'_>, x: &[f32], n: usize, out: &mut [f32]) {
+        let cols = row.cols();
+        assert!(
+            x.len() >= n * cols && out.len() >= n,
+            "dot_batch: {n} tokens of {cols} with {} inputs, {} outputs",
+            x.len(),
+            out.len()
+        );
+        row.check(cols);
+        let tok = |t: usize| &x[t * cols..(t + 1) * cols];
+        let block = match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => 4,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => 2,
+            _ => 1,
+        };
+        let mut t = 0;
+        if block == 4 {
+            while t + 4 <= n {
+                let r = self.dot_n::<4>(row, [tok(t), tok(t + 1), tok(t + 2), tok(t + 3)]);
+                out[t..t + 4].copy_from_slice(&r);
+                t += 4;
+            }
+        }
+        if block >= 2 {
+            while t + 2 <= n {
+                let r = self.dot_n::<2>(row, [tok(t), tok(t + 1)]);
+                out[t..t + 2].copy_from_slice(&r);
+                t += 2;
+            }
+        }
+        while t < n {
+            out[t] = self.dot_n::<1>(row, [tok(t)])[0];
+            t += 1;
+        }
+    }
+
+    /// `row · x̂` where `x̂` is the int8-quantized activation `a` (see
+    /// [`q8`] for the exact arithmetic). Opt-in: not token-exact against the
+    /// f32 reference.
+    pub fn dot_q8(&self, row: &RowRef<'_>, a: &QActs) -> f32 {
+        row.check(a.cols());
+        assert_eq!(row.cols(), a.cols(), "dot_q8: row and activation lengths");
+        #[cfg(target_arch = "x86_64")]
+        if self.vnni {
+            // SAFETY: `vnni` is only set by `Kernels::avx512` after detecting
+            // AVX-512F/BW and AVX512-VNNI; `check` validated the buffers.
+            return unsafe { x86::vnni::dot(row, a) };
+        }
+        q8::dot_ref(row, a)
+    }
+
+    /// Wrapping sum of the little-endian u64 words of `bytes` (a trailing
+    /// partial word is ignored). It is the memory-read roofline benches
+    /// compare the matvec kernels with: the same wide loads and prefetching,
+    /// no arithmetic to speak of.
+    pub fn read_sum(&self, bytes: &[u8]) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512 {
+            // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F.
+            return unsafe { x86::avx512::read_sum(bytes) };
+        }
+        bytes.chunks_exact(8).fold(0u64, |a, w| {
+            a.wrapping_add(u64::from_le_bytes([
+                w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+            ]))
+        })
+    }
+
+    /// `T` dot products of one row; lengths already checked.
+    #[inline]
+    fn dot_n<const T: usize>(&self, row: &RowRef<'_>, xs: [&[f32]; T]) -> [f32; T] {
+        match self.isa {
+            Isa::Scalar => xs.map(|x| scalar::dot(row, x)),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only built by `Kernels::avx2` after
+            // detecting AVX2 and FMA; lengths were checked by the caller.
+            Isa::Avx2 => unsafe { x86::avx2::dot_n(row, xs) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, for AVX-512F/BW and FMA.
+            Isa::Avx512 => unsafe { x86::avx512::dot_n(row, xs) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: `Isa::Neon` is only built after detecting NEON.
+            Isa::Neon => unsafe { neon::dot_n(row, xs) },
+        }
+    }
+}
+
+/// The best kernels this CPU supports. Detected once; the cached value is
+/// immutable afterwards.
 pub fn dispatch() -> Kernels {
-    Kernels { name: "scalar" }
+    static BEST: OnceLock<Kernels> = OnceLock::new();
+    *BEST.get_or_init(Kernels::detect)
 }

@@ -71,6 +71,22 @@ pub trait LanguageModel: Send {
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>>;
     /// Bytes of resident (non-expert) weights.
     fn dense_bytes(&self) -> usize;
+    /// Up to `k` draft tokens to follow `next` (the token about to occupy
+    /// position `state.len()`), from the model's own next-token (MTP) head.
+    /// Leaves `state`'s positions unchanged. Models without a head return none.
+    fn draft(
+        &mut self,
+        _state: &mut dyn SequenceState,
+        _next: u32,
+        _k: usize,
+        _tag: Tag,
+    ) -> Result<Vec<u32>, ForwardError> {
+        Ok(Vec::new())
+    }
+    /// Whether [`Self::draft`] can propose anything; `Err` says why not.
+    fn draft_head(&self) -> Result<(), String> {
+        Err("this model family has no next-token (MTP) head".into())
+    }
 }
 
 /// FNV-1a over a list of numbers: stable across builds and platforms.

@@ -1,6 +1,7 @@
 //! Model families and what they share (ops, KV cache, the expert type).
 
 pub mod expert;
+pub mod glm;
 pub mod kv_cache;
 pub mod lm;
 pub mod olmoe;

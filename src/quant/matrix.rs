@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::{ByteStore, QFormat, QuantError, infer_format, quantize_matrix};
-use crate::kernels;
+use crate::kernels::{self, Kernels, QActs};
 
 /// Storage of a matrix's weights.
 #[derive(Clone, Debug)]
@@ -174,42 +174,66 @@ impl QMatrix {
     /// `y = W x`, parallel over rows. Each row's sum is computed in a fixed
     /// order, so the result does not depend on the thread count.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.matvec_with(&kernels::dispatch(), x, y);
+    }
+
+    /// [`QMatrix::matvec`] with a chosen kernel set (tests, benches).
+    pub fn matvec_with(&self, k: &Kernels, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
-        let dot = kernels::dispatch();
         y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
             for (i, yv) in ys.iter_mut().enumerate() {
-                *yv = dot.dot(&self.row_ref(c * ROWS_PER_TASK + i), x);
+                *yv = k.dot(&self.row_ref(c * ROWS_PER_TASK + i), x);
+            }
+        });
+    }
+
+    /// `y ≈ W x` with `x` quantized to int8 per block of 64 columns (integer
+    /// dot products where the CPU has them). Opt-in: faster on some CPUs but
+    /// not token-exact against the f32 reference.
+    pub fn matvec_q8(&self, x: &[f32], y: &mut [f32]) {
+        self.matvec_q8_with(&kernels::dispatch(), x, y);
+    }
+
+    /// [`QMatrix::matvec_q8`] with a chosen kernel set.
+    pub fn matvec_q8_with(&self, k: &Kernels, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), self.cols, "matvec input length");
+        assert_eq!(y.len(), self.rows, "matvec output length");
+        let a = QActs::quantize(x);
+        y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
+            for (i, yv) in ys.iter_mut().enumerate() {
+                *yv = k.dot_q8(&self.row_ref(c * ROWS_PER_TASK + i), &a);
             }
         });
     }
 
     /// `Y = X Wᵀ` for `n` input rows (`x` is `[n, cols]`, `y` is `[n, rows]`):
-    /// each weight row is read once for the whole batch.
+    /// each weight row is read once for the whole batch, and every value
+    /// equals what [`QMatrix::matvec`] gives for that token.
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        self.matmul_with(&kernels::dispatch(), x, n, y);
+    }
+
+    /// [`QMatrix::matmul`] with a chosen kernel set.
+    pub fn matmul_with(&self, k: &Kernels, x: &[f32], n: usize, y: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(y.len(), n * self.rows, "matmul output length");
         if n == 1 {
-            return self.matvec(x, y);
+            return self.matvec_with(k, x, y);
         }
-        let dot = kernels::dispatch();
         let rows = self.rows;
-        let cols = self.cols;
         // Compute W-row-major blocks into a transposed scratch, then scatter.
         let mut yt = vec![0f32; n * rows];
         yt.par_chunks_mut(ROWS_PER_TASK * n)
             .enumerate()
             .for_each(|(c, block)| {
                 for (i, out) in block.chunks_mut(n).enumerate() {
-                    let row = self.row_ref(c * ROWS_PER_TASK + i);
-                    for (t, o) in out.iter_mut().enumerate() {
-                        *o = dot.dot(&row, &x[t * cols..(t + 1) * cols]);
-                    }
+                    k.dot_batch(&self.row_ref(c * ROWS_PER_TASK + i), x, n, out);
                 }
             });
-        for r in 0..rows {
-            for t in 0..n {
-                y[t * rows + r] = yt[r * n + t];
+        for (r, ys) in yt.chunks_exact(n).enumerate() {
+            for (t, &v) in ys.iter().enumerate() {
+                y[t * rows + r] = v;
             }
         }
     }

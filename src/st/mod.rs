@@ -18,6 +18,7 @@
 mod checkpoint;
 mod decode;
 mod error;
+pub mod fp8;
 mod header;
 
 pub use checkpoint::{Checkpoint, MatrixParts, TensorMeta};

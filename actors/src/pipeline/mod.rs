@@ -289,6 +289,10 @@ impl<T: Send + Sync + 'static> ExpertSource<T> for PipelineSource<T> {
         }
     }
 
+    fn profile(&self) -> Option<PipelineProfile> {
+        Some(PipelineSource::profile(self))
+    }
+
     fn stats(&self) -> SourceStats {
         self.counters.snapshot().source_stats()
     }

@@ -184,7 +184,7 @@ impl LanguageModel for Olmoe {
     fn fingerprint(&self) -> u64 {
         let c = &self.cfg;
         fingerprint(&[
-            0x4f4c_4d6f_45, // "OLMoE"
+            0x4f_4c4d_6f45, // "OLMoE"
             c.vocab_size as u64,
             c.hidden_size as u64,
             c.num_hidden_layers as u64,

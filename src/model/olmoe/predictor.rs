@@ -36,3 +36,9 @@ impl OlmoePredictor {
             .collect()
     }
 }
+
+impl colibri_actors::Predictor for OlmoePredictor {
+    fn predict(&self, layer: u32, residual: &[f32], k: usize) -> Vec<u32> {
+        OlmoePredictor::predict(self, layer as usize, residual, k)
+    }
+}

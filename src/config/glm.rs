@@ -1,0 +1,496 @@
+//! GLM-5 (`model_type: "glm_moe_dsa"`) and DeepSeek-V3 (`"deepseek_v3"`)
+//! hyper-parameters: MLA attention, the DSA lightning indexer (GLM only),
+//! a sigmoid group-limited router with shared experts, and an optional
+//! next-token (MTP) module.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::{ConfigError, read_json};
+
+/// Which of the two families a config describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaFamily {
+    /// GLM-5: every layer is DSA (indexer "full" or "shared").
+    GlmMoeDsa,
+    /// DeepSeek-V3: dense causal MLA attention, no indexer.
+    DeepseekV3,
+}
+
+/// Per-layer indexer mode of a DSA layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexerKind {
+    /// Runs its own indexer.
+    Full,
+    /// Reuses the previous full layer's selection.
+    Shared,
+}
+
+/// The fields of a glm_moe_dsa / deepseek_v3 `config.json` the engine uses.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct GlmConfig {
+    #[serde(default)]
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub moe_intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_rope_head_dim: usize,
+    pub qk_nope_head_dim: usize,
+    pub v_head_dim: usize,
+    #[serde(default, alias = "num_experts")]
+    pub n_routed_experts: usize,
+    #[serde(default)]
+    pub n_shared_experts: usize,
+    pub num_experts_per_tok: usize,
+    #[serde(default = "one")]
+    pub n_group: usize,
+    #[serde(default = "one")]
+    pub topk_group: usize,
+    #[serde(default = "yes")]
+    pub norm_topk_prob: bool,
+    #[serde(default = "one_f")]
+    pub routed_scaling_factor: f64,
+    #[serde(default)]
+    pub first_k_dense_replace: Option<usize>,
+    #[serde(default)]
+    pub mlp_layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub index_topk: Option<usize>,
+    #[serde(default)]
+    pub index_head_dim: Option<usize>,
+    #[serde(default)]
+    pub index_n_heads: Option<usize>,
+    #[serde(default)]
+    pub indexer_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub index_topk_pattern: Option<serde_json::Value>,
+    #[serde(default)]
+    pub index_topk_freq: Option<usize>,
+    #[serde(default)]
+    pub index_skip_topk_offset: Option<usize>,
+    #[serde(default = "default_max_pos")]
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    /// DeepSeek-V3 only: interleaved (true, default) or rotate-half RoPE.
+    #[serde(default)]
+    pub rope_interleave: Option<bool>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub hidden_act: Option<String>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default, alias = "num_mtp_layers")]
+    pub num_nextn_predict_layers: usize,
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
+}
+
+fn one() -> usize {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn default_max_pos() -> usize {
+    4096
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+
+impl GlmConfig {
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let (path, value) = read_json(dir)?;
+        Self::from_json(&path, value)
+    }
+
+    pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let found = value
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
+        if found != "glm_moe_dsa" && found != "deepseek_v3" {
+            return Err(ConfigError::ModelType {
+                path: path.to_path_buf(),
+                found,
+            });
+        }
+        let cfg: Self = serde_json::from_value(value).map_err(|source| ConfigError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    pub fn family(&self) -> MlaFamily {
+        if self.model_type == "deepseek_v3" {
+            MlaFamily::DeepseekV3
+        } else {
+            MlaFamily::GlmMoeDsa
+        }
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason,
+            })
+        };
+        const LIMIT: usize = 1 << 24;
+        for (field, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("qk_nope_head_dim", self.qk_nope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+            ("n_routed_experts", self.n_routed_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok),
+            ("n_group", self.n_group),
+            ("topk_group", self.topk_group),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
+            if v == 0 || v > LIMIT {
+                return bad(field, format!("must be in 1..={LIMIT}, got {v}"));
+            }
+        }
+        if let Some(q) = self.q_lora_rank
+            && (q == 0 || q > LIMIT)
+        {
+            return bad("q_lora_rank", format!("must be in 1..={LIMIT}, got {q}"));
+        }
+        if !self.qk_rope_head_dim.is_multiple_of(2) {
+            return bad(
+                "qk_rope_head_dim",
+                format!("must be even, got {}", self.qk_rope_head_dim),
+            );
+        }
+        if self.num_experts_per_tok > self.n_routed_experts {
+            return bad(
+                "num_experts_per_tok",
+                format!(
+                    "{} exceeds n_routed_experts {}",
+                    self.num_experts_per_tok, self.n_routed_experts
+                ),
+            );
+        }
+        if !self.n_routed_experts.is_multiple_of(self.n_group) {
+            return bad(
+                "n_group",
+                format!(
+                    "{} does not divide n_routed_experts {}",
+                    self.n_group, self.n_routed_experts
+                ),
+            );
+        }
+        if self.topk_group > self.n_group {
+            return bad(
+                "topk_group",
+                format!("{} exceeds n_group {}", self.topk_group, self.n_group),
+            );
+        }
+        if self.n_routed_experts / self.n_group < 2 {
+            return bad(
+                "n_group",
+                "each group needs at least 2 experts (group score = top-2 sum)".into(),
+            );
+        }
+        if self.num_experts_per_tok > self.topk_group * (self.n_routed_experts / self.n_group) {
+            return bad(
+                "num_experts_per_tok",
+                "exceeds the experts of the topk_group selected groups".into(),
+            );
+        }
+        if self.attention_bias {
+            return bad("attention_bias", "true is not supported".into());
+        }
+        if let Some(act) = &self.hidden_act
+            && act != "silu"
+        {
+            return bad("hidden_act", format!("{act:?} is not supported (silu only)"));
+        }
+        if let Some(kind) = self.rope_kind()
+            && kind != "default"
+        {
+            return bad(
+                "rope_parameters",
+                format!("rope type {kind:?} is not supported (default only)"),
+            );
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return bad(
+                "rms_norm_eps",
+                format!("must be positive, got {}", self.rms_norm_eps),
+            );
+        }
+        if !(self.rope_theta().is_finite() && self.rope_theta() > 0.0) {
+            return bad(
+                "rope_theta",
+                format!("must be positive, got {}", self.rope_theta()),
+            );
+        }
+        if !self.routed_scaling_factor.is_finite() {
+            return bad("routed_scaling_factor", "must be finite".into());
+        }
+        if self.num_nextn_predict_layers > 1 {
+            return bad(
+                "num_nextn_predict_layers",
+                format!(
+                    "{} MTP layers; at most 1 is supported",
+                    self.num_nextn_predict_layers
+                ),
+            );
+        }
+        let kinds = self.mlp_sparse();
+        match &kinds {
+            Err(e) => return bad("mlp_layer_types", e.clone()),
+            Ok(k) if k.len() != self.num_hidden_layers => {
+                return bad(
+                    "mlp_layer_types",
+                    format!("has {} entries for {} layers", k.len(), self.num_hidden_layers),
+                );
+            }
+            Ok(_) => {}
+        }
+        if self.family() == MlaFamily::GlmMoeDsa {
+            if self.q_lora_rank.is_none() {
+                return bad(
+                    "q_lora_rank",
+                    "glm_moe_dsa needs q_lora_rank (the indexer reads it)".into(),
+                );
+            }
+            for (field, v) in [
+                ("index_topk", self.index_topk()),
+                ("index_head_dim", self.index_head_dim()),
+                ("index_n_heads", self.index_n_heads()),
+            ] {
+                if v == 0 || v > LIMIT {
+                    return bad(field, format!("must be in 1..={LIMIT}, got {v}"));
+                }
+            }
+            if self.index_head_dim() < self.qk_rope_head_dim {
+                return bad(
+                    "index_head_dim",
+                    format!("{} is smaller than qk_rope_head_dim", self.index_head_dim()),
+                );
+            }
+            match self.indexer_kinds() {
+                Err(e) => return bad("indexer_types", e),
+                Ok(k) if k.len() != self.num_hidden_layers => {
+                    return bad(
+                        "indexer_types",
+                        format!("has {} entries for {} layers", k.len(), self.num_hidden_layers),
+                    );
+                }
+                Ok(k) if k.first() == Some(&IndexerKind::Shared) => {
+                    return bad(
+                        "indexer_types",
+                        "layer 0 is \"shared\" but no earlier layer is full".into(),
+                    );
+                }
+                Ok(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub fn q_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Attention softmax scale: `qk_head_dim^-0.5` (rope types with mscale
+    /// are refused at validation, so no yarn correction applies).
+    pub fn softmax_scale(&self) -> f32 {
+        (self.q_head_dim() as f64).powf(-0.5) as f32
+    }
+
+    pub fn index_topk(&self) -> usize {
+        self.index_topk.unwrap_or(2048)
+    }
+    pub fn index_head_dim(&self) -> usize {
+        self.index_head_dim.unwrap_or(128)
+    }
+    pub fn index_n_heads(&self) -> usize {
+        self.index_n_heads.unwrap_or(32)
+    }
+
+    /// Interleaved RoPE pairs (2i, 2i+1): always for GLM, by default for DeepSeek-V3.
+    pub fn rope_interleaved(&self) -> bool {
+        match self.family() {
+            MlaFamily::GlmMoeDsa => true,
+            MlaFamily::DeepseekV3 => self.rope_interleave.unwrap_or(true),
+        }
+    }
+
+    /// Whether each layer's MLP is the sparse MoE (true) or a dense MLP.
+    pub fn mlp_sparse(&self) -> Result<Vec<bool>, String> {
+        match &self.mlp_layer_types {
+            Some(v) => v
+                .iter()
+                .map(|s| match s.as_str() {
+                    "sparse" => Ok(true),
+                    "dense" => Ok(false),
+                    other => Err(format!("unknown MLP type {other:?} (dense or sparse)")),
+                })
+                .collect(),
+            None => {
+                let k = self
+                    .first_k_dense_replace
+                    .unwrap_or(3)
+                    .min(self.num_hidden_layers);
+                Ok((0..self.num_hidden_layers).map(|l| l >= k).collect())
+            }
+        }
+    }
+
+    /// Per-layer indexer mode, as transformers derives it: explicit
+    /// `indexer_types`, else `index_topk_pattern`, else the freq/offset schedule.
+    pub fn indexer_kinds(&self) -> Result<Vec<IndexerKind>, String> {
+        let parse = |s: &str| match s {
+            "full" | "F" => Ok(IndexerKind::Full),
+            "shared" | "S" => Ok(IndexerKind::Shared),
+            other => Err(format!("unknown indexer type {other:?} (full or shared)")),
+        };
+        if let Some(v) = &self.indexer_types {
+            return v.iter().map(|s| parse(s)).collect();
+        }
+        match &self.index_topk_pattern {
+            Some(serde_json::Value::String(s)) => s.chars().map(|c| parse(&c.to_string())).collect(),
+            Some(serde_json::Value::Array(a)) => a.iter().map(|v| parse(v.as_str().unwrap_or("?"))).collect(),
+            Some(_) => Err("index_topk_pattern must be a string or a list".into()),
+            None => {
+                let freq = self.index_topk_freq.unwrap_or(1).max(1);
+                let offset = self.index_skip_topk_offset.unwrap_or(2) as i64;
+                Ok((0..self.num_hidden_layers)
+                    .map(|i| {
+                        if ((i as i64 - offset + 1).max(0) as usize).is_multiple_of(freq) {
+                            IndexerKind::Full
+                        } else {
+                            IndexerKind::Shared
+                        }
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    pub fn rope_theta(&self) -> f64 {
+        self.rope_theta
+            .or_else(|| self.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
+            .unwrap_or(10000.0)
+    }
+
+    fn rope_kind(&self) -> Option<String> {
+        [&self.rope_parameters, &self.rope_scaling]
+            .into_iter()
+            .flatten()
+            .find_map(|v| {
+                v.get("rope_type")
+                    .or_else(|| v.get("type"))
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string)
+            })
+    }
+
+    pub fn eos_ids(&self) -> Vec<u32> {
+        match &self.eos_token_id {
+            Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+            Some(serde_json::Value::Array(a)) => {
+                a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "q_lora_rank": 16, "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
+            "v_head_dim": 6, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+            "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "index_topk": 4,
+            "index_head_dim": 8, "index_n_heads": 2, "eos_token_id": [1, 2],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
+        })
+    }
+
+    fn parse(v: serde_json::Value) -> Result<GlmConfig, ConfigError> {
+        GlmConfig::from_json(Path::new("c.json"), v)
+    }
+
+    #[test]
+    fn derives_layer_kinds_like_transformers() {
+        let c = parse(base()).unwrap();
+        assert_eq!(c.mlp_sparse().unwrap(), vec![false, true, true]);
+        // freq 1 / offset 2: every layer full
+        assert_eq!(c.indexer_kinds().unwrap(), vec![IndexerKind::Full; 3]);
+        let mut v = base();
+        v["index_topk_freq"] = 2.into();
+        v["index_skip_topk_offset"] = 1.into();
+        let c = parse(v).unwrap();
+        use IndexerKind::*;
+        assert_eq!(c.indexer_kinds().unwrap(), vec![Full, Shared, Full]);
+        let mut v = base();
+        v["index_topk_pattern"] = "FSS".into();
+        assert_eq!(
+            parse(v).unwrap().indexer_kinds().unwrap(),
+            vec![Full, Shared, Shared]
+        );
+        assert!((c.softmax_scale() - 12f32.powf(-0.5)).abs() < 1e-7);
+    }
+
+    #[test]
+    fn refuses_bad_fields_with_their_name() {
+        for (field, val) in [
+            ("n_group", serde_json::json!(3)),
+            ("topk_group", serde_json::json!(3)),
+            ("num_experts_per_tok", serde_json::json!(5)),
+            ("indexer_types", serde_json::json!(["shared", "full", "full"])),
+            ("mlp_layer_types", serde_json::json!(["dense", "sparse"])),
+            (
+                "rope_parameters",
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+            ),
+            ("num_nextn_predict_layers", serde_json::json!(2)),
+        ] {
+            let mut v = base();
+            v[field] = val;
+            let e = parse(v).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+        let mut v = base();
+        v["model_type"] = "llama".into();
+        assert!(matches!(parse(v), Err(ConfigError::ModelType { .. })));
+    }
+}

@@ -1,0 +1,318 @@
+//! AVX-512F/BW kernels: 16 columns per vector, four accumulators per token.
+//!
+//! A row is walked in chunks of 16 columns; chunk `c` of a group of four goes
+//! to accumulator `c % 4`, leftover whole chunks and the zero-padded partial
+//! chunk to accumulator 0. The four are added pairwise and reduced, then
+//! multiplied by the row scale. Grouped scales are applied to the weights of
+//! each chunk before the multiply-add. The order is the same for any number of
+//! tokens processed together.
+
+use core::arch::x86_64::*;
+use core::ptr;
+
+use super::{ScaleCursor, grouping};
+use crate::kernels::{RowRef, scalar};
+use crate::quant::QFormat;
+
+/// Columns per vector.
+const W: usize = 16;
+
+/// How far ahead of the current chunk the weights are prefetched, in bytes.
+const PREFETCH: usize = 2048;
+
+/// Turns packed weights into f32 vectors.
+trait Unpack {
+    /// Bytes holding one chunk of 16 columns.
+    const BYTES: usize;
+    /// Weights of chunk `c` (columns `16c..16c+16`); its bytes lie in the row.
+    unsafe fn one(p: *const u8, c: usize) -> __m512;
+    /// Chunks `c..c+4`.
+    unsafe fn four(p: *const u8, c: usize) -> [__m512; 4];
+}
+
+struct F32;
+struct I8;
+struct I4;
+struct I2;
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+fn bytes_to_ps(v: __m128i) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
+}
+
+impl Unpack for F32 {
+    const BYTES: usize = 64;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn one(p: *const u8, c: usize) -> __m512 {
+        // SAFETY: the caller guarantees the chunk's 64 bytes are readable.
+        unsafe { _mm512_loadu_ps(p.cast::<f32>().add(W * c)) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn four(p: *const u8, c: usize) -> [__m512; 4] {
+        // SAFETY: as for `one`, for four consecutive chunks.
+        unsafe {
+            [
+                Self::one(p, c),
+                Self::one(p, c + 1),
+                Self::one(p, c + 2),
+                Self::one(p, c + 3),
+            ]
+        }
+    }
+}
+
+impl Unpack for I8 {
+    const BYTES: usize = 16;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn one(p: *const u8, c: usize) -> __m512 {
+        // SAFETY: the caller guarantees the chunk's 16 bytes are readable.
+        bytes_to_ps(unsafe { _mm_loadu_si128(p.add(W * c).cast()) })
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn four(p: *const u8, c: usize) -> [__m512; 4] {
+        // SAFETY: as for `one`, for four consecutive chunks.
+        unsafe {
+            [
+                Self::one(p, c),
+                Self::one(p, c + 1),
+                Self::one(p, c + 2),
+                Self::one(p, c + 3),
+            ]
+        }
+    }
+}
+
+/// Nibbles of `v`'s bytes (zero-extended to 16 bits) as signed bytes in
+/// column order: `lo | hi << 8`, minus 8.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+fn nibbles_128(v: __m128i) -> __m128i {
+    let t = _mm_and_si128(_mm_or_si128(v, _mm_slli_epi16::<4>(v)), _mm_set1_epi16(0x0F0F));
+    _mm_sub_epi8(t, _mm_set1_epi8(8))
+}
+
+impl Unpack for I4 {
+    const BYTES: usize = 8;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn one(p: *const u8, c: usize) -> __m512 {
+        // SAFETY: the caller guarantees the chunk's 8 bytes are readable.
+        let b = unsafe { _mm_loadl_epi64(p.add(8 * c).cast()) };
+        bytes_to_ps(nibbles_128(_mm_cvtepu8_epi16(b)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn four(p: *const u8, c: usize) -> [__m512; 4] {
+        // SAFETY: the caller guarantees the four chunks' 32 bytes are readable.
+        let b = unsafe { _mm256_loadu_si256(p.add(8 * c).cast()) };
+        let v = _mm512_cvtepu8_epi16(b);
+        let t = _mm512_and_si512(
+            _mm512_or_si512(v, _mm512_slli_epi16::<4>(v)),
+            _mm512_set1_epi16(0x0F0F),
+        );
+        let s = _mm512_sub_epi8(t, _mm512_set1_epi8(8));
+        [
+            bytes_to_ps(_mm512_castsi512_si128(s)),
+            bytes_to_ps(_mm512_extracti32x4_epi32::<1>(s)),
+            bytes_to_ps(_mm512_extracti32x4_epi32::<2>(s)),
+            bytes_to_ps(_mm512_extracti32x4_epi32::<3>(s)),
+        ]
+    }
+}
+
+impl Unpack for I2 {
+    const BYTES: usize = 4;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn one(p: *const u8, c: usize) -> __m512 {
+        // SAFETY: the caller guarantees the chunk's 4 bytes are readable.
+        let u = unsafe { p.add(4 * c).cast::<u32>().read_unaligned() };
+        // Column j of the chunk is bits 2j..2j+2 of the little-endian word.
+        let shifts = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let v = _mm512_srlv_epi32(_mm512_set1_epi32(u as i32), shifts);
+        let q = _mm512_sub_epi32(_mm512_and_si512(v, _mm512_set1_epi32(3)), _mm512_set1_epi32(2));
+        _mm512_cvtepi32_ps(q)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,fma")]
+    unsafe fn four(p: *const u8, c: usize) -> [__m512; 4] {
+        // SAFETY: as for `one`, for four consecutive chunks.
+        unsafe {
+            [
+                Self::one(p, c),
+                Self::one(p, c + 1),
+                Self::one(p, c + 2),
+                Self::one(p, c + 3),
+            ]
+        }
+    }
+}
+
+/// `T` dot products of one row of `cols` columns (`nbytes` bytes at `p`)
+/// with the activations at `xs`. `G`: `scales` are per `group` columns;
+/// otherwise the sum is multiplied by `scale`.
+///
+/// # Safety
+/// `p` holds `nbytes` readable bytes laid out for `U`, each `xs[t]` holds
+/// `cols` readable values, and with `G`, `group` is a positive multiple of 16
+/// and `scales` has `cols.div_ceil(group)` entries.
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn row_dot<U: Unpack, const T: usize, const G: bool>(
+    p: *const u8,
+    nbytes: usize,
+    cols: usize,
+    scale: f32,
+    scales: &[f32],
+    group: usize,
+    xs: [*const f32; T],
+) -> [f32; T] {
+    let nfull = cols / W;
+    let mut acc = [[_mm512_setzero_ps(); 4]; T];
+    // Scales: one per iteration of four chunks when groups are whole
+    // iterations, else one per chunk; leftover chunks look theirs up.
+    let coarse = G && group.is_multiple_of(4 * W);
+    let per = if coarse {
+        group / (4 * W)
+    } else {
+        (group / W).max(1)
+    };
+    let mut cursor = ScaleCursor::new(scales, per);
+    let scale_at = |c: usize, w: __m512| {
+        if G {
+            _mm512_mul_ps(w, _mm512_set1_ps(scales[W * c / group]))
+        } else {
+            w
+        }
+    };
+    let mut c = 0;
+    // SAFETY (whole body): chunks below `nfull` lie inside the row's
+    // `nbytes`, activation offsets stay below `cols`, and the partial chunk
+    // is copied into a local buffer and read from `xs` with a mask.
+    unsafe {
+        while c + 4 <= nfull {
+            // A hint only: never faults, so it may point past the row.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(c * U::BYTES + PREFETCH).cast());
+            let mut w = U::four(p, c);
+            if coarse {
+                let s = _mm512_set1_ps(cursor.next_scale());
+                for wk in &mut w {
+                    *wk = _mm512_mul_ps(*wk, s);
+                }
+            } else if G {
+                for wk in &mut w {
+                    *wk = _mm512_mul_ps(*wk, _mm512_set1_ps(cursor.next_scale()));
+                }
+            }
+            for k in 0..4 {
+                for t in 0..T {
+                    let x = _mm512_loadu_ps(xs[t].add(W * (c + k)));
+                    acc[t][k] = _mm512_fmadd_ps(w[k], x, acc[t][k]);
+                }
+            }
+            c += 4;
+        }
+        while c < nfull {
+            let wk = scale_at(c, U::one(p, c));
+            for t in 0..T {
+                acc[t][0] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(xs[t].add(W * c)), acc[t][0]);
+            }
+            c += 1;
+        }
+        let rem = cols - W * c;
+        if rem > 0 {
+            let mut buf = [0u8; 64];
+            let off = c * U::BYTES;
+            ptr::copy_nonoverlapping(p.add(off), buf.as_mut_ptr(), nbytes - off);
+            let wk = scale_at(c, U::one(buf.as_ptr(), 0));
+            let m = ((1u32 << rem) - 1) as __mmask16;
+            for t in 0..T {
+                let x = _mm512_maskz_loadu_ps(m, xs[t].add(W * c));
+                acc[t][0] = _mm512_fmadd_ps(wk, x, acc[t][0]);
+            }
+        }
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        let [a0, a1, a2, a3] = acc[t];
+        let s = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+        out[t] = _mm512_reduce_add_ps(s) * scale;
+    }
+    out
+}
+
+/// `row · x_t` for each of the `T` activations.
+///
+/// # Safety
+/// The CPU supports AVX-512F, AVX-512BW and FMA; the row's buffers and every
+/// `xs[t]` hold what `RowRef::check` requires.
+pub(crate) unsafe fn dot_n<const T: usize>(row: &RowRef<'_>, xs: [&[f32]; T]) -> [f32; T] {
+    let xp = xs.map(|x| x.as_ptr());
+    match *row {
+        // SAFETY (all arms): guaranteed by this function's contract; the
+        // grouped arm only runs when `grouping` accepted the group size.
+        RowRef::F32(w) => unsafe {
+            row_dot::<F32, T, false>(w.as_ptr().cast(), w.len() * 4, w.len(), 1.0, &[], 0, xp)
+        },
+        RowRef::Packed {
+            format,
+            cols,
+            bytes,
+            scales,
+        } => {
+            let nb = format.row_bytes(cols);
+            let p = bytes.as_ptr();
+            let s0 = scales.first().copied().unwrap_or(1.0);
+            match (format, grouping(format, W)) {
+                (QFormat::Int8, Some(None)) => unsafe {
+                    row_dot::<I8, T, false>(p, nb, cols, s0, &[], 0, xp)
+                },
+                (QFormat::Int4, Some(None)) => unsafe {
+                    row_dot::<I4, T, false>(p, nb, cols, s0, &[], 0, xp)
+                },
+                (QFormat::Int2, Some(None)) => unsafe {
+                    row_dot::<I2, T, false>(p, nb, cols, s0, &[], 0, xp)
+                },
+                (QFormat::Int4Grouped { .. }, Some(Some(g))) => unsafe {
+                    row_dot::<I4, T, true>(p, nb, cols, 1.0, scales, g, xp)
+                },
+                _ => xs.map(|x| scalar::dot(row, x)),
+            }
+        }
+    }
+}
+
+/// Wrapping sum of the little-endian u64 words of `bytes` (a trailing
+/// partial word is ignored), with the kernels' loads and prefetch distance.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+pub(crate) unsafe fn read_sum(bytes: &[u8]) -> u64 {
+    let p = bytes.as_ptr();
+    let blocks = bytes.len() / 256;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    for b in 0..blocks {
+        // SAFETY: block `b`'s 256 bytes lie inside `bytes`; the prefetch is
+        // a hint that never faults.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(256 * b + PREFETCH).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(256 * b + PREFETCH + 128).cast());
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_add_epi64(*a, _mm512_loadu_si512(p.add(256 * b + 64 * k).cast()));
+            }
+        }
+    }
+    let s = _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
+    let tail = bytes[256 * blocks..].chunks_exact(8).fold(0u64, |a, w| {
+        a.wrapping_add(u64::from_le_bytes([
+            w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+        ]))
+    });
+    (_mm512_reduce_add_epi64(s) as u64).wrapping_add(tail)
+}

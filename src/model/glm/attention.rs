@@ -1,0 +1,299 @@
+//! Multi-head latent attention (MLA) with the DSA lightning indexer.
+//!
+//! Only the normalised KV latent and the rotated shared rope key are cached.
+//! Two mathematically equal forms compute attention from them:
+//! - expanded: `kv_b_proj` turns every cached latent into per-head K/V (what
+//!   transformers does; cheap per query when many queries share the keys);
+//! - absorbed: the query's no-rope part is folded through `kv_b_proj`'s K rows
+//!   into latent space and the output comes back through its V rows, so the
+//!   keys are never expanded (decode and draft verification).
+//!
+//! The form depends only on the number of new tokens (at most
+//! [`ABSORB_MAX_TOKENS`] -> absorbed), so a token's numbers are the same
+//! whether it is decoded alone or verified in a small batch with drafts.
+
+use rayon::prelude::*;
+
+use super::state::LayerCache;
+use super::weights::{IndexerWeights, MlaWeights};
+use crate::config::GlmConfig;
+use crate::model::ops::{Rope, rms_norm_inplace, softmax_inplace, top_k};
+
+/// Largest forward (in new tokens) computed in the absorbed form.
+pub const ABSORB_MAX_TOKENS: usize = 16;
+
+/// Epsilon of `q_a_layernorm` / `kv_a_layernorm` (constructed without an
+/// explicit eps in transformers, so the RMSNorm default).
+const LATENT_NORM_EPS: f32 = 1e-6;
+/// Epsilon of the indexer's key LayerNorm.
+const INDEX_NORM_EPS: f32 = 1e-6;
+
+/// Which attention form a forward uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// Absorbed for at most [`ABSORB_MAX_TOKENS`] new tokens, else expanded.
+    Auto,
+    Expanded,
+    Absorbed,
+}
+
+/// Per new token, the cache indices it attends to (ascending), or `None`
+/// for every causally visible key.
+pub type Selection = Vec<Option<Vec<usize>>>;
+
+/// Where a layer's keys are: the cache holds positions `base..`, the new
+/// tokens sit at positions `start..start + n`.
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    pub base: usize,
+    pub start: usize,
+    pub n: usize,
+}
+
+/// What attention needs besides the weights.
+pub struct AttnCtx<'a> {
+    pub cfg: &'a GlmConfig,
+    pub rope: &'a Rope,
+    pub form: Form,
+}
+
+impl AttnCtx<'_> {
+    fn rotate(&self, v: &mut [f32], pos: usize) {
+        if self.cfg.rope_interleaved() {
+            self.rope.apply_interleaved(v, pos);
+        } else {
+            self.rope.apply_half(v, pos);
+        }
+    }
+
+    /// Runs attention for `span.n` tokens whose normalised inputs are `xn`,
+    /// appending their latents (and indexer keys) to `cache`. Returns the
+    /// o_proj output `[n, hidden]` and, on a layer with an indexer, its
+    /// selection (which following "shared" layers reuse). `shared` is the
+    /// selection a layer without an indexer applies (`None`: dense causal).
+    pub fn attend(
+        &self,
+        w: &MlaWeights,
+        xn: &[f32],
+        span: Span,
+        cache: &mut LayerCache,
+        shared: Option<&Selection>,
+    ) -> (Vec<f32>, Option<Selection>) {
+        let cfg = self.cfg;
+        let n = span.n;
+        let heads = cfg.num_attention_heads;
+        let (nope, rd, vd, kvl) = (
+            cfg.qk_nope_head_dim,
+            cfg.qk_rope_head_dim,
+            cfg.v_head_dim,
+            cfg.kv_lora_rank,
+        );
+        let qhd = nope + rd;
+
+        // Queries (through the low-rank path when there is one).
+        let q_resid = w.q_a.as_ref().map(|qa| {
+            let qr = qa.rows();
+            let mut r = vec![0f32; n * qr];
+            qa.matmul(xn, n, &mut r);
+            for row in r.chunks_mut(qr) {
+                rms_norm_inplace(row, &w.q_a_norm, LATENT_NORM_EPS);
+            }
+            r
+        });
+        let mut q = vec![0f32; n * heads * qhd];
+        w.q_b.matmul(q_resid.as_deref().unwrap_or(xn), n, &mut q);
+        for t in 0..n {
+            for h in 0..heads {
+                let o = (t * heads + h) * qhd + nope;
+                self.rotate(&mut q[o..o + rd], span.start + t);
+            }
+        }
+
+        // The new positions' latent and rope key.
+        let mut ckv = vec![0f32; n * (kvl + rd)];
+        w.kv_a.matmul(xn, n, &mut ckv);
+        for (t, row) in ckv.chunks_mut(kvl + rd).enumerate() {
+            let (lat, kr) = row.split_at_mut(kvl);
+            rms_norm_inplace(lat, &w.kv_a_norm, LATENT_NORM_EPS);
+            self.rotate(kr, span.start + t);
+            cache.latent.extend_from_slice(lat);
+            cache.k_rope.extend_from_slice(kr);
+        }
+
+        let own = w
+            .indexer
+            .as_ref()
+            .map(|ix| self.select(ix, xn, q_resid.as_deref().unwrap_or(&[]), span, cache));
+        let sel = own.as_ref().or(shared);
+
+        let total = cache.latent.len() / kvl;
+        let visible = |t: usize| span.start + t + 1 - span.base;
+        let keys_of = |t: usize| -> Vec<usize> {
+            match sel.and_then(|s| s[t].as_ref()) {
+                Some(v) => v.clone(),
+                None => (0..visible(t)).collect(),
+            }
+        };
+        let scale = cfg.softmax_scale();
+        let absorbed = match self.form {
+            Form::Auto => n <= ABSORB_MAX_TOKENS,
+            Form::Expanded => false,
+            Form::Absorbed => true,
+        };
+        let kvb_rows = nope + vd;
+        let mut ctx = vec![0f32; n * heads * vd];
+        if absorbed {
+            let owned;
+            let kvb: &[f32] = match w.kv_b.f32_data() {
+                Some(d) => d,
+                None => {
+                    let mut d = vec![0f32; w.kv_b.rows() * kvl];
+                    for (r, row) in d.chunks_mut(kvl).enumerate() {
+                        w.kv_b.dequantize_row(r, row);
+                    }
+                    owned = d;
+                    &owned
+                }
+            };
+            let latent = &cache.latent;
+            let k_rope = &cache.k_rope;
+            ctx.par_chunks_mut(vd).enumerate().for_each(|(i, out)| {
+                let (t, h) = (i / heads, i % heads);
+                let qh = &q[(t * heads + h) * qhd..(t * heads + h + 1) * qhd];
+                let wk = &kvb[h * kvb_rows * kvl..(h * kvb_rows + nope) * kvl];
+                let wv = &kvb[(h * kvb_rows + nope) * kvl..(h + 1) * kvb_rows * kvl];
+                // q_abs = W_uk^T q_nope
+                let mut q_abs = vec![0f32; kvl];
+                for (j, &qj) in qh[..nope].iter().enumerate() {
+                    for (a, &b) in q_abs.iter_mut().zip(&wk[j * kvl..(j + 1) * kvl]) {
+                        *a += qj * b;
+                    }
+                }
+                let keys = keys_of(t);
+                let mut s: Vec<f32> = keys
+                    .iter()
+                    .map(|&p| {
+                        (dot(&q_abs, &latent[p * kvl..(p + 1) * kvl])
+                            + dot(&qh[nope..], &k_rope[p * rd..(p + 1) * rd]))
+                            * scale
+                    })
+                    .collect();
+                softmax_inplace(&mut s);
+                let mut ctx_lat = vec![0f32; kvl];
+                for (&p, &a) in keys.iter().zip(&s) {
+                    for (c, &x) in ctx_lat.iter_mut().zip(&latent[p * kvl..(p + 1) * kvl]) {
+                        *c += a * x;
+                    }
+                }
+                for (d, o) in out.iter_mut().enumerate() {
+                    *o = dot(&wv[d * kvl..(d + 1) * kvl], &ctx_lat);
+                }
+            });
+        } else {
+            let mut kv = vec![0f32; total * heads * kvb_rows];
+            w.kv_b.matmul(&cache.latent, total, &mut kv);
+            let k_rope = &cache.k_rope;
+            ctx.par_chunks_mut(vd).enumerate().for_each(|(i, out)| {
+                let (t, h) = (i / heads, i % heads);
+                let qh = &q[(t * heads + h) * qhd..(t * heads + h + 1) * qhd];
+                let row = |p: usize| &kv[(p * heads + h) * kvb_rows..(p * heads + h + 1) * kvb_rows];
+                let keys = keys_of(t);
+                let mut s: Vec<f32> = keys
+                    .iter()
+                    .map(|&p| {
+                        (dot(&qh[..nope], &row(p)[..nope]) + dot(&qh[nope..], &k_rope[p * rd..(p + 1) * rd]))
+                            * scale
+                    })
+                    .collect();
+                softmax_inplace(&mut s);
+                out.fill(0.0);
+                for (&p, &a) in keys.iter().zip(&s) {
+                    for (o, &x) in out.iter_mut().zip(&row(p)[nope..]) {
+                        *o += a * x;
+                    }
+                }
+            });
+        }
+        let mut out = vec![0f32; n * cfg.hidden_size];
+        w.o.matmul(&ctx, n, &mut out);
+        (out, own)
+    }
+
+    /// The lightning indexer: appends the new indexer keys to the cache and
+    /// picks, per new token with more than `index_topk` visible keys, the
+    /// `index_topk` keys of highest `sum_h w_h * relu(q_h . k * d^-0.5)`
+    /// (transformers' GlmMoeDsaIndexer; ties go to the lower position).
+    fn select(
+        &self,
+        ix: &IndexerWeights,
+        xn: &[f32],
+        q_resid: &[f32],
+        span: Span,
+        cache: &mut LayerCache,
+    ) -> Selection {
+        let cfg = self.cfg;
+        let n = span.n;
+        let (ih, ihd, rd) = (cfg.index_n_heads(), cfg.index_head_dim(), cfg.qk_rope_head_dim);
+        let mut iq = vec![0f32; n * ih * ihd];
+        ix.wq_b.matmul(q_resid, n, &mut iq);
+        let mut ik = vec![0f32; n * ihd];
+        ix.wk.matmul(xn, n, &mut ik);
+        let mut wts = vec![0f32; n * ih];
+        ix.weights_proj.matmul(xn, n, &mut wts);
+        let head_scale = (ih as f32).powf(-0.5);
+        for v in &mut wts {
+            *v *= head_scale;
+        }
+        for t in 0..n {
+            for h in 0..ih {
+                let o = (t * ih + h) * ihd;
+                self.rotate(&mut iq[o..o + rd], span.start + t);
+            }
+            let k = &mut ik[t * ihd..(t + 1) * ihd];
+            layer_norm(k, &ix.k_norm_w, &ix.k_norm_b, INDEX_NORM_EPS);
+            self.rotate(&mut k[..rd], span.start + t);
+            cache.index_k.extend_from_slice(k);
+        }
+        let keys = &cache.index_k;
+        let topk = cfg.index_topk();
+        let scale = (ihd as f32).powf(-0.5);
+        (0..n)
+            .into_par_iter()
+            .map(|t| {
+                let visible = span.start + t + 1 - span.base;
+                if visible <= topk {
+                    return None;
+                }
+                let scores: Vec<f32> = (0..visible)
+                    .map(|p| {
+                        let k = &keys[p * ihd..(p + 1) * ihd];
+                        (0..ih)
+                            .map(|h| {
+                                let qh = &iq[(t * ih + h) * ihd..(t * ih + h + 1) * ihd];
+                                wts[t * ih + h] * (dot(qh, k) * scale).max(0.0)
+                            })
+                            .sum()
+                    })
+                    .collect();
+                let mut chosen = top_k(&scores, topk);
+                chosen.sort_unstable();
+                Some(chosen)
+            })
+            .collect()
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// LayerNorm with weight and bias: `(x - mean) / sqrt(var + eps) * w + b`.
+pub fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((v, &wv), &bv) in x.iter_mut().zip(w).zip(b) {
+        *v = (*v - mean) * inv * wv + bv;
+    }
+}

@@ -1,0 +1,300 @@
+//! Building a GLM-5 / DeepSeek-V3 model from a checkpoint or container: the
+//! dense weights (and the MTP module's) are loaded once; the routed experts
+//! of sparse layers (and of the MTP layer) become an expert map for the runtime.
+
+use std::sync::Arc;
+
+use colibri_actors::{ExpertExtent, ExpertKey, ExpertMap};
+
+use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights};
+use crate::config::GlmConfig;
+use crate::config::glm::{IndexerKind, MlaFamily};
+use crate::model::ModelError;
+use crate::model::expert::{ExpertCodec, ExpertLayout, ExpertWeights, MatrixSlot};
+use crate::model::olmoe::LoadOptions;
+use crate::quant::{QFormat, QMatrix};
+use crate::st::{Checkpoint, SCALE_SUFFIX};
+
+/// Names of the MTP module's own tensors (besides its decoder layer).
+const MTP_OWN: [&str; 4] = [
+    "enorm.weight",
+    "hnorm.weight",
+    "eh_proj.weight",
+    "shared_head.norm.weight",
+];
+
+/// Whether the checkpoint holds a complete MTP module for `cfg`; `Err` is a
+/// note explaining why speculative MTP drafting is unavailable.
+pub fn mtp_available(cfg: &GlmConfig, ck: &Checkpoint) -> Result<(), String> {
+    if cfg.num_nextn_predict_layers == 0 {
+        return Err("the config declares no MTP layer (num_nextn_predict_layers = 0)".into());
+    }
+    let l = cfg.num_hidden_layers;
+    let missing: Vec<String> = MTP_OWN
+        .iter()
+        .map(|s| format!("model.layers.{l}.{s}"))
+        .chain([format!("model.layers.{l}.self_attn.kv_b_proj.weight")])
+        .filter(|n| !ck.has(n))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the config declares an MTP layer but the checkpoint lacks {} (transformers drops MTP weights \
+             on save; convert from the original checkpoint to keep them)",
+            missing.join(", ")
+        ))
+    }
+}
+
+fn weights_err(name: &str, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Weights(format!("{name}: {e}"))
+}
+
+/// One SwiGLU MLP `prefix.{gate,up,down}_proj.weight`.
+fn swiglu(
+    ck: &Checkpoint,
+    prefix: &str,
+    h: usize,
+    inter: usize,
+    f: QFormat,
+) -> Result<ExpertWeights, ModelError> {
+    Ok(ExpertWeights {
+        gate: ck.matrix(&format!("{prefix}.gate_proj.weight"), inter, h, f)?,
+        up: ck.matrix(&format!("{prefix}.up_proj.weight"), inter, h, f)?,
+        down: ck.matrix(&format!("{prefix}.down_proj.weight"), h, inter, f)?,
+    })
+}
+
+fn f32_matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
+    QMatrix::from_f32(rows, cols, ck.f32_tensor(name, &[rows, cols])?).map_err(|e| weights_err(name, e))
+}
+
+/// Loads decoder layer `l` (a main layer, or the MTP layer at `num_hidden_layers`).
+fn load_layer(
+    cfg: &GlmConfig,
+    ck: &Checkpoint,
+    l: usize,
+    sparse: bool,
+    indexer: bool,
+    dense: QFormat,
+) -> Result<LayerWeights, ModelError> {
+    let h = cfg.hidden_size;
+    let heads = cfg.num_attention_heads;
+    let n = |rest: &str| format!("model.layers.{l}.{rest}");
+    let vec = |name: String, len: usize| ck.f32_tensor(&name, &[len]);
+    let mat = |name: String, r: usize, c: usize| ck.matrix(&name, r, c, dense);
+    let (q_a, q_a_norm, q_b) = match cfg.q_lora_rank {
+        Some(qr) => (
+            Some(mat(n("self_attn.q_a_proj.weight"), qr, h)?),
+            vec(n("self_attn.q_a_layernorm.weight"), qr)?,
+            mat(n("self_attn.q_b_proj.weight"), heads * cfg.q_head_dim(), qr)?,
+        ),
+        None => (
+            None,
+            Vec::new(),
+            mat(n("self_attn.q_proj.weight"), heads * cfg.q_head_dim(), h)?,
+        ),
+    };
+    let indexer = if indexer {
+        let (ih, ihd) = (cfg.index_n_heads(), cfg.index_head_dim());
+        let qr = cfg.q_lora_rank.unwrap_or(0);
+        Some(IndexerWeights {
+            wq_b: mat(n("self_attn.indexer.wq_b.weight"), ih * ihd, qr)?,
+            wk: mat(n("self_attn.indexer.wk.weight"), ihd, h)?,
+            k_norm_w: vec(n("self_attn.indexer.k_norm.weight"), ihd)?,
+            k_norm_b: vec(n("self_attn.indexer.k_norm.bias"), ihd)?,
+            weights_proj: f32_matrix(ck, &n("self_attn.indexer.weights_proj.weight"), ih, h)?,
+        })
+    } else {
+        None
+    };
+    let attn = MlaWeights {
+        q_a,
+        q_a_norm,
+        q_b,
+        kv_a: mat(
+            n("self_attn.kv_a_proj_with_mqa.weight"),
+            cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+            h,
+        )?,
+        kv_a_norm: vec(n("self_attn.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
+        kv_b: mat(
+            n("self_attn.kv_b_proj.weight"),
+            heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+            cfg.kv_lora_rank,
+        )?,
+        o: mat(n("self_attn.o_proj.weight"), h, heads * cfg.v_head_dim)?,
+        indexer,
+    };
+    let mlp = if sparse {
+        let e = cfg.n_routed_experts;
+        let shared = if cfg.n_shared_experts > 0 {
+            Some(swiglu(
+                ck,
+                &n("mlp.shared_experts"),
+                h,
+                cfg.moe_intermediate_size * cfg.n_shared_experts,
+                dense,
+            )?)
+        } else {
+            None
+        };
+        let bias_name = n("mlp.gate.e_score_correction_bias");
+        Mlp::Moe(MoeWeights {
+            router: f32_matrix(ck, &n("mlp.gate.weight"), e, h)?,
+            bias: if ck.has(&bias_name) {
+                vec(bias_name, e)?
+            } else {
+                vec![0.0; e]
+            },
+            shared,
+        })
+    } else {
+        Mlp::Dense(swiglu(ck, &n("mlp"), h, cfg.intermediate_size, dense)?)
+    };
+    Ok(LayerWeights {
+        input_norm: vec(n("input_layernorm.weight"), h)?,
+        attn,
+        post_norm: vec(n("post_attention_layernorm.weight"), h)?,
+        mlp,
+    })
+}
+
+/// Loads every resident tensor, checking names, shapes and formats. The MTP
+/// module is loaded when the checkpoint has it (see [`mtp_available`]); its
+/// dense matrices use `mtp_format` (int8 by default in converted containers).
+pub fn load_dense(
+    cfg: &GlmConfig,
+    ck: &Checkpoint,
+    opts: LoadOptions,
+    with_mtp: bool,
+) -> Result<DenseWeights, ModelError> {
+    let h = cfg.hidden_size;
+    let dense = opts.dense_format;
+    let sparse = cfg.mlp_sparse().map_err(ModelError::Weights)?;
+    let kinds = match cfg.family() {
+        MlaFamily::GlmMoeDsa => cfg.indexer_kinds().map_err(ModelError::Weights)?,
+        MlaFamily::DeepseekV3 => vec![IndexerKind::Shared; cfg.num_hidden_layers],
+    };
+    let glm = cfg.family() == MlaFamily::GlmMoeDsa;
+    let embed = Arc::new(ck.matrix("model.embed_tokens.weight", cfg.vocab_size, h, dense)?);
+    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    for l in 0..cfg.num_hidden_layers {
+        let full = glm && kinds[l] == IndexerKind::Full;
+        layers.push(load_layer(cfg, ck, l, sparse[l], full, dense)?);
+    }
+    let final_norm = ck.f32_tensor("model.norm.weight", &[h])?;
+    let lm_head = if ck.has("lm_head.weight") {
+        Arc::new(ck.matrix("lm_head.weight", cfg.vocab_size, h, dense)?)
+    } else if cfg.tie_word_embeddings {
+        embed.clone()
+    } else {
+        return Err(ModelError::Weights(
+            "lm_head.weight is missing and tie_word_embeddings is false".into(),
+        ));
+    };
+    let mtp = if with_mtp {
+        let l = cfg.num_hidden_layers;
+        let n = |rest: &str| format!("model.layers.{l}.{rest}");
+        let indexer = glm && ck.has(&n("self_attn.indexer.wq_b.weight"));
+        let head_name = n("shared_head.head.weight");
+        Some(MtpWeights {
+            enorm: ck.f32_tensor(&n("enorm.weight"), &[h])?,
+            hnorm: ck.f32_tensor(&n("hnorm.weight"), &[h])?,
+            eh_proj: ck.matrix(&n("eh_proj.weight"), h, 2 * h, dense)?,
+            layer: load_layer(cfg, ck, l, true, indexer, dense)?,
+            head_norm: ck.f32_tensor(&n("shared_head.norm.weight"), &[h])?,
+            head: if ck.has(&head_name) {
+                Some(ck.matrix(&head_name, cfg.vocab_size, h, dense)?)
+            } else {
+                None
+            },
+        })
+    } else {
+        None
+    };
+    Ok(DenseWeights {
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+        mtp,
+    })
+}
+
+fn expert_name(l: usize, e: usize, proj: &str) -> String {
+    format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")
+}
+
+/// The byte ranges of every routed expert of the sparse layers (and of the
+/// MTP layer when `with_mtp`), and the codec that decodes them. Every expert
+/// must share one layout (dtypes and sizes), which is checked.
+pub fn expert_map(
+    cfg: &GlmConfig,
+    ck: &Checkpoint,
+    opts: LoadOptions,
+    with_mtp: bool,
+) -> Result<(ExpertMap, ExpertCodec), ModelError> {
+    let (h, inter) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let sparse = cfg.mlp_sparse().map_err(ModelError::Weights)?;
+    let total_layers = cfg.num_hidden_layers + usize::from(with_mtp);
+    let mut map = ExpertMap::new(ck.files().to_vec(), total_layers, cfg.n_routed_experts);
+    let mut layout: Option<ExpertLayout> = None;
+    #[allow(clippy::needless_range_loop)]
+    for l in 0..total_layers {
+        if !sparse.get(l).copied().unwrap_or(true) {
+            continue;
+        }
+        for e in 0..cfg.n_routed_experts {
+            let mut pieces = Vec::with_capacity(6);
+            let mut slot = |proj: &str, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
+                let name = expert_name(l, e, proj);
+                let meta = ck.info(&name)?;
+                let data = (pieces.len(), meta.len as usize);
+                pieces.push(ck.piece(&name)?);
+                let qs = format!("{name}{SCALE_SUFFIX}");
+                let scales = if ck.has(&qs) {
+                    let m = ck.info(&qs)?;
+                    let s = (pieces.len(), m.len as usize);
+                    pieces.push(ck.piece(&qs)?);
+                    Some(s)
+                } else {
+                    None
+                };
+                Ok(MatrixSlot {
+                    dtype: meta.dtype,
+                    rows,
+                    cols,
+                    data,
+                    scales,
+                })
+            };
+            let this = ExpertLayout {
+                gate: slot("gate_proj", inter, h)?,
+                up: slot("up_proj", inter, h)?,
+                down: slot("down_proj", h, inter)?,
+            };
+            match &layout {
+                None => layout = Some(this),
+                Some(first) if *first != this => {
+                    return Err(ModelError::Weights(format!(
+                        "expert {} is stored differently from the first routed expert ({this:?} vs {first:?})",
+                        ExpertKey::new(l as u32, e as u32)
+                    )));
+                }
+                Some(_) => {}
+            }
+            map.set_extent(ExpertKey::new(l as u32, e as u32), ExpertExtent { pieces })
+                .map_err(|err| ModelError::Weights(err.to_string()))?;
+        }
+    }
+    let layout = layout.ok_or_else(|| ModelError::Weights("the model has no routed experts".into()))?;
+    Ok((
+        map,
+        ExpertCodec {
+            layout,
+            want: opts.expert_format,
+        },
+    ))
+}

@@ -1,0 +1,20 @@
+//! GLM-5 (`glm_moe_dsa`) and DeepSeek-V3 (`deepseek_v3`): multi-head latent
+//! attention (with the DSA lightning indexer on GLM), a sigmoid group-limited
+//! router with shared experts, dense leading layers, and the optional
+//! next-token (MTP) module used for speculative drafts.
+
+mod attention;
+mod forward;
+mod load;
+mod moe;
+mod predictor;
+mod state;
+mod weights;
+
+pub use attention::{ABSORB_MAX_TOKENS, Form, Selection, layer_norm};
+pub use forward::Glm;
+pub use load::{expert_map, load_dense, mtp_available};
+pub use moe::{Routing, route};
+pub use predictor::GlmPredictor;
+pub use state::{Dims, GlmState, LayerCache, MtpCache, Pending};
+pub use weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights};

@@ -1,0 +1,139 @@
+//! Placement may change speed, never tokens: the same greedy continuation
+//! whatever the cache size, pilot, I/O workers, read path or disk speed.
+
+use std::path::Path;
+
+use colibri::engine::{Engine, EngineOptions};
+use colibri::sampling::{Sampler, SamplingParams};
+
+fn generate(
+    dir: &Path,
+    opts: &EngineOptions,
+    prompt: &[u32],
+    n: usize,
+    sampling: SamplingParams,
+) -> Vec<u32> {
+    let mut engine = Engine::load(dir, opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
+    engine.stop_ids.clear();
+    let mut session = engine.new_session();
+    let mut sampler = Sampler::new(sampling);
+    session
+        .generate(&mut engine, prompt, n, &mut sampler, &mut |_| true)
+        .unwrap_or_else(|e| panic!("{opts:?}: {e}"))
+        .generated
+}
+
+fn placements() -> Vec<EngineOptions> {
+    let base = EngineOptions::default;
+    vec![
+        EngineOptions {
+            cache_cap: Some(1),
+            pilot: false,
+            io_workers: 1,
+            ..base()
+        },
+        EngineOptions {
+            cache_cap: Some(0),
+            io_workers: 16,
+            ..base()
+        },
+        EngineOptions {
+            cache_cap: Some(3),
+            direct: true,
+            ..base()
+        },
+        EngineOptions {
+            cache_cap: Some(2),
+            mmap: true,
+            io_workers: 2,
+            ..base()
+        },
+        EngineOptions {
+            cache_cap: Some(1),
+            disk_sim: Some("bw=40MB/s,lat=1ms,jitter=2ms,spike=0.05:5ms,seed=7".into()),
+            ..base()
+        },
+        EngineOptions {
+            cache_cap: Some(2),
+            overlap: false,
+            ..base()
+        },
+        EngineOptions {
+            pilot_k: Some(1),
+            ram_gb: Some(64.0),
+            ..base()
+        },
+    ]
+}
+
+fn check(dir: &Path, prompt: &[u32], n: usize, sampling: SamplingParams) {
+    let reference = generate(dir, &EngineOptions::default(), prompt, n, sampling);
+    assert_eq!(reference.len(), n);
+    for opts in placements() {
+        assert_eq!(
+            generate(dir, &opts, prompt, n, sampling),
+            reference,
+            "{}: {opts:?}",
+            dir.display()
+        );
+    }
+}
+
+#[test]
+fn greedy_tokens_do_not_depend_on_placement() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    check(
+        &root.join("fixtures/olmoe-odd"),
+        &[5, 17, 3, 250, 99],
+        12,
+        SamplingParams::default(),
+    );
+}
+
+#[test]
+fn seeded_sampling_does_not_depend_on_placement() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 40,
+        seed: 42,
+    };
+    check(
+        &root.join("models/colibri-tiny"),
+        &[1, 200, 300, 17],
+        10,
+        sampling,
+    );
+}
+
+#[test]
+fn int8_converted_container_matches_load_time_quantization() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("fixtures/olmoe-tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    colibri::convert::convert(
+        &src,
+        &out,
+        colibri::quant::QFormat::Int8,
+        colibri::quant::QFormat::Int8,
+        false,
+    )
+    .unwrap();
+    let at_bits = EngineOptions {
+        expert_bits: 8,
+        dense_bits: 8,
+        ..EngineOptions::default()
+    };
+    let prompt = [3, 1, 4, 1, 5, 9, 2, 6];
+    let a = generate(&src, &at_bits, &prompt, 16, SamplingParams::default());
+    let b = generate(
+        &out,
+        &EngineOptions::default(),
+        &prompt,
+        16,
+        SamplingParams::default(),
+    );
+    assert_eq!(a, b);
+}
