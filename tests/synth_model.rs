@@ -13,7 +13,12 @@ fn decode(dir: &std::path::Path, spec: &SynthSpec) -> Vec<u32> {
     let r = decode_pass(&mut engine, &prompt, 1, 4).unwrap();
     assert_eq!(r.tokens.len(), 5);
     assert_eq!(r.measured, 4);
-    assert!(r.window.misses > 0, "routed experts were fetched: {:?}", r.window);
+    let w = r.window;
+    assert_eq!(
+        (w.hits + w.misses) as usize,
+        4 * spec.layers * spec.top_k,
+        "every routed expert delivered: {w:?}"
+    );
     r.tokens
 }
 

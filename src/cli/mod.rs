@@ -40,7 +40,8 @@ impl Command {
         match self {
             Command::Run(a) => Some(&a.engine),
             Command::Validate(a) => Some(&a.engine),
-            Command::Convert(_) => None,
+            Command::Bench(a) => Some(&a.engine),
+            Command::Convert(_) | Command::Synth(_) => None,
         }
     }
 }
