@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::Duration;
 
-use colibri::engine::{Engine, EngineOptions};
+use colibri::engine::{Engine, EngineOptions, Session};
 use colibri::synth::{SynthSpec, decode_pass, synth, synthetic_prompt};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -54,19 +54,20 @@ fn modes(spec: &SynthSpec) -> Vec<Mode> {
     ]
 }
 
-fn load(dir: &Path, mode: &Mode, prompt: &[u32]) -> Engine {
+fn load(dir: &Path, mode: &Mode, prompt: &[u32]) -> (Engine, Session) {
     let mut engine = Engine::load(dir, &mode.opts).expect("load the synthetic model");
+    let mut session = engine.new_session();
     if mode.warm {
-        decode_pass(&mut engine, prompt, 0, TOKENS).expect("warm-up pass");
+        decode_pass(&mut engine, &mut session, prompt, 0, TOKENS).expect("warm-up pass");
     }
-    engine
+    (engine, session)
 }
 
-fn median_secs(engine: &mut Engine, prompt: &[u32], reps: usize) -> (f64, Vec<u32>) {
+fn median_secs(engine: &mut Engine, session: &mut Session, prompt: &[u32], reps: usize) -> (f64, Vec<u32>) {
     let mut times = Vec::with_capacity(reps);
     let mut tokens = Vec::new();
     for _ in 0..reps {
-        let r = decode_pass(engine, prompt, 0, TOKENS).expect("decode pass");
+        let r = decode_pass(engine, session, prompt, 0, TOKENS).expect("decode pass");
         times.push(r.decode_secs);
         tokens = r.tokens;
     }
@@ -89,8 +90,8 @@ fn pipeline(c: &mut Criterion) {
     let mut secs = Vec::new();
     let mut reference: Option<Vec<u32>> = None;
     for mode in &modes {
-        let mut engine = load(&dir, mode, &prompt);
-        let (s, tokens) = median_secs(&mut engine, &prompt, 5);
+        let (mut engine, mut session) = load(&dir, mode, &prompt);
+        let (s, tokens) = median_secs(&mut engine, &mut session, &prompt, 5);
         match &reference {
             None => reference = Some(tokens),
             Some(r) => assert_eq!(r, &tokens, "{}: tokens differ from overlap mode", mode.name),
@@ -117,9 +118,11 @@ fn pipeline(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
     for mode in &modes {
-        let mut engine = load(&dir, mode, &prompt);
+        let (mut engine, mut session) = load(&dir, mode, &prompt);
         group.bench_function(mode.name, |b| {
-            b.iter(|| black_box(decode_pass(&mut engine, &prompt, 0, TOKENS).expect("decode pass")))
+            b.iter(|| {
+                black_box(decode_pass(&mut engine, &mut session, &prompt, 0, TOKENS).expect("decode pass"))
+            })
         });
     }
     group.finish();

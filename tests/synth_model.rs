@@ -10,7 +10,11 @@ use colibri::synth::{SynthSpec, decode_pass, synth, synthetic_prompt};
 fn decode(dir: &std::path::Path, spec: &SynthSpec) -> Vec<u32> {
     let mut engine = Engine::load(dir, &EngineOptions::default()).unwrap();
     let prompt = synthetic_prompt(spec.vocab, 5, 1);
-    let r = decode_pass(&mut engine, &prompt, 1, 4).unwrap();
+    let mut session = engine.new_session();
+    let r = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
+    // Again on the same engine: a warm cache, the same tokens.
+    let again = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
+    assert_eq!(r.tokens, again.tokens);
     assert_eq!(r.tokens.len(), 5);
     assert_eq!(r.measured, 4);
     let w = r.window;

@@ -68,12 +68,13 @@ fn run_pass(
     let t0 = Instant::now();
     let mut engine = Engine::load(dir, opts).with_context(|| format!("loading {}", dir.display()))?;
     let load_secs = t0.elapsed().as_secs_f64();
+    let mut session = engine.new_session();
     if warm_first {
         // The same sequence once more: every expert the measured pass routes
         // to has then been fetched once and (cap = all) stays resident.
-        decode_pass(&mut engine, prompt, args.warmup, args.tokens)?;
+        decode_pass(&mut engine, &mut session, prompt, args.warmup, args.tokens)?;
     }
-    let result = decode_pass(&mut engine, prompt, args.warmup, args.tokens)?;
+    let result = decode_pass(&mut engine, &mut session, prompt, args.warmup, args.tokens)?;
     Ok(Pass {
         name,
         result,

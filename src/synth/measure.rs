@@ -5,7 +5,7 @@ use std::time::Instant;
 use colibri_actors::SourceStats;
 
 use super::WyRand;
-use crate::engine::{Engine, EngineError};
+use crate::engine::{Engine, EngineError, Session};
 use crate::sampling::{Sampler, SamplingParams};
 
 /// What one pass did: every token it produced, and time and expert traffic
@@ -59,16 +59,22 @@ pub fn synthetic_prompt(vocab: usize, len: usize, seed: u64) -> Vec<u32> {
     (0..len).map(|_| (rng.next_u64() % vocab) as u32).collect()
 }
 
-/// Prefills `prompt` in a fresh session, then decodes greedily
+/// Resets `session`, prefills `prompt`, then decodes greedily
 /// `warmup + tokens` tokens, timing only the last `tokens` decode steps.
 /// Stop ids are ignored: a benchmark decodes exactly what it was asked.
+///
+/// Repeated passes on one engine must reuse one session: the reset moves
+/// its generation on, so the expert source sees newer tags (a second fresh
+/// session would start at generation 0 again, and the pipeline would treat
+/// its requests as stale).
 pub fn decode_pass(
     engine: &mut Engine,
+    session: &mut Session,
     prompt: &[u32],
     warmup: usize,
     tokens: usize,
 ) -> Result<PassResult, EngineError> {
-    let mut session = engine.new_session();
+    session.reset();
     let mut sampler = Sampler::new(SamplingParams::default());
     let t0 = Instant::now();
     let mut logits = session.feed(engine, prompt)?;
