@@ -123,10 +123,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
                 mmap: opts.mmap,
                 ..StorageOptions::default()
             };
-            let bw = read_bandwidth(&map, &storage, args.probe_mb.saturating_mul(1 << 20))?;
+            let bw = read_bandwidth(
+                &map,
+                &storage,
+                args.probe_mb.saturating_mul(1 << 20),
+                opts.io_workers,
+            )?;
             let how = format!(
-                "measured: sequential read of {:.0} MB of expert extents via {}{}",
+                "measured: {:.0} MB of expert extents in file order, {} readers via {}{}",
                 bw.bytes as f64 / 1e6,
+                bw.threads,
                 bw.kind,
                 if bw.kind == "direct" {
                     ""

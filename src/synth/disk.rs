@@ -24,6 +24,8 @@ pub enum DiskError {
     Open(#[from] SourceError),
     #[error("--disk-sim: {0}")]
     Spec(String),
+    #[error("disk probe: {0}")]
+    Probe(String),
     #[error("the model has no expert extents to read")]
     NoExperts,
 }
@@ -44,6 +46,8 @@ pub struct Bandwidth {
     pub secs: f64,
     /// The storage backend that read ("pread", "direct", "mmap").
     pub kind: &'static str,
+    /// Parallel readers.
+    pub threads: usize,
 }
 
 impl Bandwidth {
@@ -60,20 +64,23 @@ const BLOCK: u64 = 4096;
 
 /// Reads whole experts in file order (layer-major, as a container stores
 /// them), at most `max_bytes`, one block-aligned read per expert as the I/O
-/// workers do, through the storage backend `opts` selects (O_DIRECT, mmap
-/// or pread; the simulated disk is the caller's to leave out), and times it.
+/// workers do, with `threads` readers in parallel (the workers' queue depth),
+/// through the storage backend `opts` selects (O_DIRECT, mmap or pread; the
+/// simulated disk is the caller's to leave out), and times it.
 pub fn read_bandwidth(
     map: &ExpertMap,
     opts: &StorageOptions,
     max_bytes: u64,
+    threads: usize,
 ) -> Result<Bandwidth, DiskError> {
     let storage: Arc<dyn Storage> = colibri_actors::storage::open_storage(&map.files, opts)?;
-    let mut buf = AlignedBuf::zeroed((map.max_expert_bytes() + 2 * BLOCK) as usize);
-    let (mut bytes, t0) = (0u64, Instant::now());
-    'outer: for l in 0..map.layers {
+    // (file, block-aligned offset, length) of every expert, in file order.
+    let mut reads = Vec::new();
+    for l in 0..map.layers {
         for e in 0..map.experts_per_layer {
-            let key = ExpertKey::new(l as u32, e as u32);
-            let Ok(extent) = map.extent(key) else { continue };
+            let Ok(extent) = map.extent(ExpertKey::new(l as u32, e as u32)) else {
+                continue;
+            };
             let Some(first) = extent.pieces.first() else {
                 continue;
             };
@@ -90,31 +97,66 @@ pub fn read_bandwidth(
                 .max()
                 .unwrap_or(start);
             // Whole blocks, as O_DIRECT requires (harmless otherwise).
-            let (lo, hi) = (start / BLOCK * BLOCK, end.next_multiple_of(BLOCK));
-            let want = (hi - lo) as usize;
-            if buf.capacity() < want {
-                buf = AlignedBuf::zeroed(want);
-            }
-            let dst = &mut buf.full_capacity_mut()[..want];
-            let n = storage
-                .read_at(first.file, lo, dst)
-                .map_err(|source| DiskError::Io {
-                    path: storage.path(first.file).map(PathBuf::from).unwrap_or_default(),
-                    source,
-                })?;
-            bytes += n as u64;
-            if bytes >= max_bytes {
-                break 'outer;
-            }
+            let lo = start / BLOCK * BLOCK;
+            reads.push((first.file, lo, end.next_multiple_of(BLOCK) - lo));
         }
     }
-    if bytes == 0 {
+    let mut total = 0u64;
+    let count = reads
+        .iter()
+        .take_while(|r| {
+            let go = total < max_bytes;
+            total += r.2;
+            go
+        })
+        .count();
+    let reads = &reads[..count];
+    if reads.is_empty() {
         return Err(DiskError::NoExperts);
+    }
+    let threads = threads.clamp(1, reads.len());
+    let t0 = Instant::now();
+    let results: Vec<Result<u64, DiskError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let storage = storage.clone();
+                scope.spawn(move || -> Result<u64, DiskError> {
+                    let mut buf = AlignedBuf::zeroed(BLOCK as usize);
+                    let mut bytes = 0u64;
+                    for &(file, off, len) in reads.iter().skip(t).step_by(threads) {
+                        let len = len as usize;
+                        if buf.capacity() < len {
+                            buf = AlignedBuf::zeroed(len);
+                        }
+                        let dst = &mut buf.full_capacity_mut()[..len];
+                        let n = storage.read_at(file, off, dst).map_err(|source| DiskError::Io {
+                            path: storage.path(file).map(PathBuf::from).unwrap_or_default(),
+                            source,
+                        })?;
+                        bytes += n as u64;
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(DiskError::Probe("a reader thread panicked".into())))
+            })
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let mut bytes = 0;
+    for r in results {
+        bytes += r?;
     }
     Ok(Bandwidth {
         bytes,
-        secs: t0.elapsed().as_secs_f64(),
+        secs,
         kind: storage.kind(),
+        threads,
     })
 }
 
