@@ -92,3 +92,33 @@ fn f32_dense_and_fewer_layers() {
     let a = decode(&dir, &spec);
     assert!(a.iter().all(|&t| (t as usize) < spec.vocab));
 }
+
+#[test]
+fn disk_probe_reads_the_expert_extents() {
+    use colibri::config::OlmoeConfig;
+    use colibri::model::olmoe::{LoadOptions, expert_map};
+    use colibri::synth::read_bandwidth;
+    use colibri_actors::StorageOptions;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = SynthSpec::tiny();
+    let dir = tmp.path().join("m");
+    synth(&spec, &dir, false).unwrap();
+    let cfg = OlmoeConfig::load(&dir).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (map, _) = expert_map(&cfg, &ck, LoadOptions::default()).unwrap();
+    let per_expert = map.extent(colibri_actors::ExpertKey::new(0, 0)).unwrap().bytes();
+    let all = read_bandwidth(&map, &StorageOptions::default(), u64::MAX, 3).unwrap();
+    let n = (spec.layers * spec.experts) as u64;
+    // Every expert once, each rounded up to whole 4096-byte blocks.
+    assert!(
+        all.bytes >= n * per_expert && all.bytes < n * (per_expert + 2 * ALIGN),
+        "{all:?}"
+    );
+    assert_eq!(all.kind, "pread");
+    let some = read_bandwidth(&map, &StorageOptions::default(), 1, 1).unwrap();
+    assert!(
+        some.bytes > 0 && some.bytes < all.bytes,
+        "stops after max_bytes: {some:?}"
+    );
+}
