@@ -17,5 +17,6 @@ pub mod quant;
 pub mod sampling;
 pub mod serve;
 pub mod st;
+pub mod synth;
 pub mod telemetry;
 pub mod tokenizer;

@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use colibri::cli::{Cli, Command, chat, convert, run, serve, validate};
+use colibri::cli::{Cli, Command, bench, chat, convert, run, serve, synth, validate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -13,6 +13,8 @@ fn main() -> ExitCode {
         Command::Convert(a) => convert::run(a).map(|_| true),
         Command::Serve(a) => serve::run(a).map(|_| true),
         Command::Chat(a) => chat::run(a).map(|_| true),
+        Command::Synth(a) => synth::run(a).map(|_| true),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,9 +1,11 @@
 //! The `coli` command line (CONTRACTS.md section 1).
 
+pub mod bench;
 pub mod chat;
 pub mod convert;
 pub mod run;
 pub mod serve;
+pub mod synth;
 pub mod validate;
 
 use std::path::PathBuf;
@@ -32,6 +34,10 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Interactive chat in the terminal.
     Chat(chat::ChatArgs),
+    /// Write a random model of a real shape (for benchmarks).
+    Synth(synth::SynthArgs),
+    /// Measure decode speed against the I/O and compute bounds.
+    Bench(bench::BenchArgs),
 }
 
 impl Command {
@@ -42,7 +48,8 @@ impl Command {
             Command::Validate(a) => Some(&a.engine),
             Command::Serve(a) => Some(&a.engine),
             Command::Chat(a) => Some(&a.engine),
-            Command::Convert(_) => None,
+            Command::Bench(a) => Some(&a.engine),
+            Command::Convert(_) | Command::Synth(_) => None,
         }
     }
 }

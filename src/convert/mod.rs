@@ -9,7 +9,7 @@
 //! into a temporary directory renamed into place at the very end, so an
 //! interrupted conversion never leaves something that loads.
 
-mod plan;
+pub(crate) mod plan;
 mod writer;
 
 use std::io::{IsTerminal, Write};
@@ -19,7 +19,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::{ConfigError, OlmoeConfig};
 use crate::quant::{QFormat, QuantError, quantize_matrix};
-use crate::st::{Checkpoint, StError, decode_f32};
+use crate::st::{Checkpoint, Dtype, StError, decode_f32};
+
+pub(crate) use plan::{InputTensor, Job};
 
 pub use writer::ALIGN;
 
@@ -104,7 +106,100 @@ pub fn convert(
 ) -> Result<ConvertReport, ConvertError> {
     let cfg = OlmoeConfig::load(input)?;
     let ck = Checkpoint::open(input)?;
-    let jobs = plan::plan(&ck, &cfg, experts, dense)?;
+    let inputs = plan::checkpoint_inputs(&ck)?;
+    let jobs = plan::plan(&inputs, ck.dir(), &cfg, experts, dense)?;
+    let copy_side_files = |tmp: &Path| -> Result<(), ConvertError> {
+        for name in SIDE_FILES {
+            let src = input.join(name);
+            if src.is_file() {
+                std::fs::copy(&src, tmp.join(name)).map_err(|source| ConvertError::Io {
+                    path: src.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    };
+    let spec = ContainerSpec {
+        output,
+        experts,
+        dense,
+        progress,
+        label: "converting",
+    };
+    let bytes = write_container(&spec, &jobs, &CheckpointInput(&ck), &copy_side_files)?;
+    Ok(ConvertReport {
+        output: output.to_path_buf(),
+        tensors: jobs.len(),
+        experts: cfg.num_hidden_layers * cfg.num_experts,
+        bytes,
+        experts_format: experts,
+        dense_format: dense,
+    })
+}
+
+/// What a container is written as, beyond its jobs.
+pub(crate) struct ContainerSpec<'a> {
+    pub output: &'a Path,
+    pub experts: QFormat,
+    pub dense: QFormat,
+    pub progress: bool,
+    /// Progress bar prefix.
+    pub label: &'static str,
+}
+
+/// A job's input values: bytes in the source tensor's dtype (borrowed from a
+/// checkpoint), or values already in f32 (a generator's).
+pub(crate) enum JobData<'a> {
+    Bytes(&'a [u8]),
+    F32(Vec<f32>),
+}
+
+/// Where the writer gets each job's values, one job at a time (so only one
+/// tensor is ever in memory).
+pub(crate) trait JobInput {
+    fn data(&self, job: &Job) -> Result<JobData<'_>, ConvertError>;
+
+    /// What errors about the input's values name.
+    fn origin(&self) -> &Path;
+}
+
+struct CheckpointInput<'a>(&'a Checkpoint);
+
+impl JobInput for CheckpointInput<'_> {
+    fn data(&self, job: &Job) -> Result<JobData<'_>, ConvertError> {
+        let ck = self.0;
+        let src = &job.source;
+        let size = plan::dtype_bytes(src.dtype) as usize;
+        let all = ck.bytes(&src.tensor)?;
+        src.elem_start
+            .checked_mul(size)
+            .and_then(|a| Some(a..a.checked_add(src.elems.checked_mul(size)?)?))
+            .and_then(|r| all.get(r))
+            .map(JobData::Bytes)
+            .ok_or_else(|| ConvertError::Input {
+                path: ck.dir().to_path_buf(),
+                tensor: job.name.clone(),
+                reason: format!("source range lies outside tensor {:?}", src.tensor),
+            })
+    }
+
+    fn origin(&self) -> &Path {
+        self.0.dir()
+    }
+}
+
+/// Writes `jobs` as a container directory at `spec.output`: prepares a
+/// temporary directory, lets `side_files` put files next to the container,
+/// streams `model.safetensors`, and renames into place only when complete
+/// (removing the temporary directory on error). Returns the container size.
+pub(crate) fn write_container(
+    spec: &ContainerSpec<'_>,
+    jobs: &[Job],
+    input: &dyn JobInput,
+    side_files: &dyn Fn(&Path) -> Result<(), ConvertError>,
+) -> Result<u64, ConvertError> {
+    let output = spec.output;
     prepare_output(output)?;
     let mut tmp_name = output.as_os_str().to_os_string();
     tmp_name.push(format!(".tmp-{}", std::process::id()));
@@ -115,29 +210,26 @@ pub fn convert(
             source,
         })?;
     }
-    let result = write_all(&ck, input, &tmp, &jobs, experts, dense, progress).and_then(|bytes| {
-        std::fs::rename(&tmp, output).map_err(|source| ConvertError::Io {
-            path: output.to_path_buf(),
+    let result = std::fs::create_dir_all(&tmp)
+        .map_err(|source| ConvertError::Io {
+            path: tmp.clone(),
             source,
-        })?;
-        Ok(bytes)
-    });
-    match result {
-        Ok(bytes) => Ok(ConvertReport {
-            output: output.to_path_buf(),
-            tensors: jobs.len(),
-            experts: cfg.num_hidden_layers * cfg.num_experts,
-            bytes,
-            experts_format: experts,
-            dense_format: dense,
-        }),
-        Err(e) => {
-            // Best effort: the error being reported matters more than a
-            // failure to clean up (the name never loads as `output`).
-            let _ = std::fs::remove_dir_all(&tmp);
-            Err(e)
-        }
+        })
+        .and_then(|()| side_files(&tmp))
+        .and_then(|()| write_all(spec, input, &tmp, jobs))
+        .and_then(|bytes| {
+            std::fs::rename(&tmp, output).map_err(|source| ConvertError::Io {
+                path: output.to_path_buf(),
+                source,
+            })?;
+            Ok(bytes)
+        });
+    if result.is_err() {
+        // Best effort: the error being reported matters more than a
+        // failure to clean up (the name never loads as `output`).
+        let _ = std::fs::remove_dir_all(&tmp);
     }
+    result
 }
 
 /// An existing empty output directory is replaced; anything else existing
@@ -172,34 +264,24 @@ const SIDE_FILES: [&str; 6] = [
 ];
 
 fn write_all(
-    ck: &Checkpoint,
-    input: &Path,
+    spec: &ContainerSpec<'_>,
+    input: &dyn JobInput,
     tmp: &Path,
-    jobs: &[plan::Job],
-    experts: QFormat,
-    dense: QFormat,
-    progress: bool,
+    jobs: &[Job],
 ) -> Result<u64, ConvertError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ConvertError::Io { path, source }
     };
-    std::fs::create_dir_all(tmp).map_err(io(tmp))?;
-    for name in SIDE_FILES {
-        let src = input.join(name);
-        if src.is_file() {
-            std::fs::copy(&src, tmp.join(name)).map_err(io(&src))?;
-        }
-    }
     let path = tmp.join("model.safetensors");
     let meta = [
         ("format", "colibri".to_string()),
-        ("experts", experts.to_string()),
-        ("dense", dense.to_string()),
+        ("experts", spec.experts.to_string()),
+        ("dense", spec.dense.to_string()),
     ];
     let lay = writer::layout(jobs, &meta);
     let total = lay.header.len() as u64 + lay.data_len;
-    let bar = progress_bar(progress, total);
+    let bar = progress_bar(spec.progress, total, spec.label);
     let file = std::fs::File::create(&path).map_err(io(&path))?;
     let mut w = writer::Counting {
         inner: std::io::BufWriter::with_capacity(8 << 20, file),
@@ -209,7 +291,7 @@ fn write_all(
     for (job, &pad) in jobs.iter().zip(&lay.pad_before) {
         writer::write_zeros(&mut w, pad).map_err(io(&path))?;
         let before = w.written;
-        write_job(ck, job, &mut w).map_err(|e| match e {
+        write_job(input, job, &mut w).map_err(|e| match e {
             JobError::Io(source) => ConvertError::Io {
                 path: path.clone(),
                 source,
@@ -219,7 +301,7 @@ fn write_all(
         let want: u64 = job.entries().iter().map(|e| e.len).sum();
         if w.written - before != want {
             return Err(ConvertError::Input {
-                path: ck.dir().to_path_buf(),
+                path: path.clone(),
                 tensor: job.name.clone(),
                 reason: format!("wrote {} bytes, layout expected {want}", w.written - before),
             });
@@ -259,29 +341,33 @@ impl From<StError> for JobError {
 }
 
 /// Produces one job's bytes (a single tensor's values in memory at a time).
-fn write_job<W: Write>(ck: &Checkpoint, job: &plan::Job, w: &mut W) -> Result<(), JobError> {
-    let src = &job.source;
-    let size = plan::dtype_bytes(src.dtype) as usize;
-    let all = ck.bytes(&src.tensor)?;
+fn write_job<W: Write>(input: &dyn JobInput, job: &Job, w: &mut W) -> Result<(), JobError> {
+    let data = input.data(job)?;
     let bad = |reason: String| ConvertError::Input {
-        path: ck.dir().to_path_buf(),
+        path: input.origin().to_path_buf(),
         tensor: job.name.clone(),
         reason,
     };
-    let bytes = src
-        .elem_start
-        .checked_mul(size)
-        .and_then(|a| Some(a..a.checked_add(src.elems.checked_mul(size)?)?))
-        .and_then(|r| all.get(r))
-        .ok_or_else(|| bad(format!("source range lies outside tensor {:?}", src.tensor)))?;
+    let values = |data: JobData<'_>| -> Result<Vec<f32>, JobError> {
+        match data {
+            JobData::Bytes(b) => Ok(decode_f32(job.source.dtype, b)?),
+            JobData::F32(v) => Ok(v),
+        }
+    };
     match job.kind {
-        plan::Kind::Raw => w.write_all(bytes)?,
+        plan::Kind::Raw => match data {
+            JobData::Bytes(b) => w.write_all(b)?,
+            JobData::F32(v) if job.source.dtype == Dtype::F32 => writer::write_f32s(w, &v)?,
+            JobData::F32(_) => {
+                return Err(bad(format!("f32 values given for a raw {} tensor", job.source.dtype)).into());
+            }
+        },
         plan::Kind::F32 => {
-            let v = decode_f32(src.dtype, bytes)?;
+            let v = values(data)?;
             writer::write_f32s(w, &v)?;
         }
         plan::Kind::Quant(f) => {
-            let v = decode_f32(src.dtype, bytes)?;
+            let v = values(data)?;
             if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
                 return Err(bad(format!(
                     "value {i} is {x}; refusing to quantize non-finite weights"
@@ -303,14 +389,13 @@ fn write_job<W: Write>(ck: &Checkpoint, job: &plan::Job, w: &mut W) -> Result<()
 
 /// A byte-count progress bar on stderr, hidden unless asked for and stderr
 /// is a terminal.
-fn progress_bar(progress: bool, total: u64) -> ProgressBar {
+fn progress_bar(progress: bool, total: u64, label: &str) -> ProgressBar {
     if !progress || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) =
-        ProgressStyle::with_template("converting {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-    {
+    let template = format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}");
+    if let Ok(style) = ProgressStyle::with_template(&template) {
         bar.set_style(style);
     }
     bar

@@ -4,11 +4,39 @@
 
 use safetensors::Dtype;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use super::ConvertError;
 use crate::config::OlmoeConfig;
 use crate::quant::QFormat;
 use crate::st::{Checkpoint, SCALE_SUFFIX};
+
+/// One tensor of the input as the planner sees it: a checkpoint's tensor, or
+/// one a generator will produce (`coli synth`). Keeping the planner on this
+/// description, not on a [`Checkpoint`], is what lets both share one layout.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct InputTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Named in errors about this tensor.
+    pub path: PathBuf,
+}
+
+/// The tensors of a checkpoint, in its (sorted) name order.
+pub(crate) fn checkpoint_inputs(ck: &Checkpoint) -> Result<Vec<InputTensor>, ConvertError> {
+    ck.names()
+        .map(|name| {
+            let meta = ck.info(name)?;
+            Ok(InputTensor {
+                name: name.to_string(),
+                dtype: meta.dtype,
+                shape: meta.shape.clone(),
+                path: ck.path_of(meta).to_path_buf(),
+            })
+        })
+        .collect()
+}
 
 /// How a job's data is produced.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -140,8 +168,11 @@ fn keeps_f32(name: &str, shape: &[usize]) -> bool {
 
 /// Builds the job list: dense tensors (sorted by name), then experts
 /// layer-major, expert-minor, each gate, up, down.
+/// `inputs` must be sorted by name (dense tensors are written in that order);
+/// `dir` is named in errors about missing tensors.
 pub(crate) fn plan(
-    ck: &Checkpoint,
+    inputs: &[InputTensor],
+    dir: &Path,
     cfg: &OlmoeConfig,
     experts: QFormat,
     dense: QFormat,
@@ -152,10 +183,10 @@ pub(crate) fn plan(
     let mut jobs = Vec::new();
     // (layer, expert, which) -> source
     let mut expert_src: BTreeMap<(usize, usize, usize), Source> = BTreeMap::new();
-    for name in ck.names() {
-        let meta = ck.info(name)?;
+    for meta in inputs {
+        let name = meta.name.as_str();
         let bad = |reason: String| ConvertError::Input {
-            path: ck.path_of(meta).to_path_buf(),
+            path: meta.path.clone(),
             tensor: name.to_string(),
             reason,
         };
@@ -246,7 +277,7 @@ pub(crate) fn plan(
                 let source = expert_src
                     .remove(&(l, e, which))
                     .ok_or_else(|| ConvertError::Input {
-                        path: ck.dir().to_path_buf(),
+                        path: dir.to_path_buf(),
                         tensor: name.clone(),
                         reason: "missing from the input checkpoint".into(),
                     })?;
@@ -271,7 +302,7 @@ pub(crate) fn plan(
             let cols = job.shape[1];
             if cols > group && !cols.is_multiple_of(group) {
                 return Err(ConvertError::Input {
-                    path: ck.dir().to_path_buf(),
+                    path: dir.to_path_buf(),
                     tensor: job.name.clone(),
                     reason: format!(
                         "{cols} columns are not a multiple of the group size {group}; a reader could not \

@@ -1,0 +1,71 @@
+//! `coli synth`: write a random model of a real shape (for benchmarks).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::convert::parse_format;
+use crate::synth::{SynthSpec, synth};
+
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Output container directory (must not exist, or be empty).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Model shape: olmoe-1b-7b (about 7 GB), small or tiny.
+    #[arg(long, default_value = "olmoe-1b-7b")]
+    pub preset: String,
+    /// Decoder layers (default: the preset's).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Routed experts per layer (default: the preset's).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Experts routed per token (default: the preset's, capped at --experts).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Multiply hidden, intermediate and vocabulary sizes by this (0, 1].
+    #[arg(long)]
+    pub scale: Option<f64>,
+    /// Dense matrices: int8 or f32 (norms and router always stay f32).
+    #[arg(long, default_value = "int8")]
+    pub dense: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn run(args: SynthArgs) -> anyhow::Result<()> {
+    let mut spec = SynthSpec::preset(&args.preset)?;
+    if let Some(f) = args.scale {
+        spec = spec.scaled(f)?;
+    }
+    if let Some(l) = args.layers {
+        spec.layers = l;
+    }
+    if let Some(e) = args.experts {
+        spec.experts = e;
+        spec.top_k = spec.top_k.min(e);
+    }
+    if let Some(k) = args.top_k {
+        spec.top_k = k;
+    }
+    spec.dense_format = parse_format(&args.dense)?;
+    spec.seed = args.seed;
+    let progress = std::io::stderr().is_terminal();
+    let t0 = std::time::Instant::now();
+    let report = synth(&spec, &args.output, progress)?;
+    eprintln!(
+        "wrote {} ({} layers x {} experts, top-{}, hidden {}, {:.1} MB; experts {}, dense {}) in {:.1}s",
+        report.output.display(),
+        spec.layers,
+        spec.experts,
+        spec.top_k,
+        spec.hidden,
+        report.bytes as f64 / 1e6,
+        report.experts_format,
+        report.dense_format,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

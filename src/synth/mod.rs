@@ -1,0 +1,91 @@
+//! `coli synth`: a random model of a real shape, for benchmarks.
+//!
+//! Benchmarks of the expert pipeline need a model as large as the real one
+//! (so the expert cache and the disk matter) without downloading it. This
+//! module draws seeded random weights, scaled so activations stay finite and
+//! routing varies with the token, and writes them straight into a streaming
+//! container through the same planner and writer as `coli convert`: one
+//! tensor in memory at a time, a temporary directory renamed at the end.
+
+mod disk;
+mod measure;
+mod rng;
+mod spec;
+
+pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
+pub use measure::{PassResult, decode_pass, stats_delta, synthetic_prompt};
+pub use rng::{WyRand, splitmix, tensor_seed, uniform};
+pub use spec::{SpecError, SynthSpec};
+
+use std::path::Path;
+
+use crate::config::OlmoeConfig;
+use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput};
+
+/// Why a synthetic model could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Write(#[from] ConvertError),
+}
+
+/// Generated values for each job, drawn when the writer asks.
+struct Generator<'a> {
+    spec: &'a SynthSpec,
+    origin: &'a Path,
+}
+
+impl JobInput for Generator<'_> {
+    fn data(&self, job: &Job) -> Result<JobData<'_>, ConvertError> {
+        let src = &job.source;
+        let (base, amp) = self.spec.distribution(&src.tensor, &job.shape);
+        let seed = tensor_seed(self.spec.seed, &src.tensor) ^ splitmix(src.elem_start as u64);
+        let mut v = uniform(seed, src.elems, amp);
+        if base != 0.0 {
+            v.iter_mut().for_each(|x| *x += base);
+        }
+        Ok(JobData::F32(v))
+    }
+
+    fn origin(&self) -> &Path {
+        self.origin
+    }
+}
+
+/// Writes the model described by `spec` as a container directory at
+/// `output` (which must not exist, or be empty), with its config.json.
+pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertReport, SynthError> {
+    spec.validate()?;
+    let config = spec.config_json();
+    let cfg_path = output.join("config.json");
+    let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+    let inputs = spec.inputs(output);
+    let jobs = crate::convert::plan::plan(&inputs, output, &cfg, spec.expert_format, spec.dense_format)?;
+    let write_config = |tmp: &Path| -> Result<(), ConvertError> {
+        let path = tmp.join("config.json");
+        let text = serde_json::to_string_pretty(&config).map_err(|e| ConvertError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(&path, text).map_err(|source| ConvertError::Io { path, source })
+    };
+    let container = ContainerSpec {
+        output,
+        experts: spec.expert_format,
+        dense: spec.dense_format,
+        progress,
+        label: "generating",
+    };
+    let generator = Generator { spec, origin: output };
+    let bytes = crate::convert::write_container(&container, &jobs, &generator, &write_config)?;
+    Ok(ConvertReport {
+        output: output.to_path_buf(),
+        tensors: jobs.len(),
+        experts: spec.layers * spec.experts,
+        bytes,
+        experts_format: spec.expert_format,
+        dense_format: spec.dense_format,
+    })
+}

@@ -1,0 +1,124 @@
+//! `coli synth` output: a container the engine loads and decodes
+//! deterministically, laid out like `coli convert`'s.
+
+use colibri::convert::ALIGN;
+use colibri::engine::{Engine, EngineOptions};
+use colibri::quant::QFormat;
+use colibri::st::Checkpoint;
+use colibri::synth::{SynthSpec, decode_pass, synth, synthetic_prompt};
+
+fn decode(dir: &std::path::Path, spec: &SynthSpec) -> Vec<u32> {
+    let mut engine = Engine::load(dir, &EngineOptions::default()).unwrap();
+    let prompt = synthetic_prompt(spec.vocab, 5, 1);
+    let mut session = engine.new_session();
+    let r = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
+    // Again on the same engine: a warm cache, the same tokens.
+    let again = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
+    assert_eq!(r.tokens, again.tokens);
+    assert_eq!(r.tokens.len(), 5);
+    assert_eq!(r.measured, 4);
+    let w = r.window;
+    assert_eq!(
+        (w.hits + w.misses) as usize,
+        4 * spec.layers * spec.top_k,
+        "every routed expert delivered: {w:?}"
+    );
+    r.tokens
+}
+
+#[test]
+fn tiny_model_loads_and_decodes_deterministically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        seed: 11,
+        ..SynthSpec::tiny()
+    };
+    let dir = tmp.path().join("m");
+    let report = synth(&spec, &dir, false).unwrap();
+    assert_eq!(report.experts, spec.layers * spec.experts);
+    assert!(dir.join("config.json").is_file());
+    assert!(!tmp.path().join(format!("m.tmp-{}", std::process::id())).exists());
+
+    // Experts are int8 with scales, each expert's first byte aligned.
+    let ck = Checkpoint::open(&dir).unwrap();
+    let g = ck.info("model.layers.1.mlp.experts.3.gate_proj.weight").unwrap();
+    assert_eq!(g.shape, vec![spec.intermediate, spec.hidden]);
+    assert_eq!(g.offset % ALIGN, 0);
+    assert!(ck.has("model.layers.1.mlp.experts.3.gate_proj.weight.qs"));
+    assert!(ck.has("model.embed_tokens.weight.qs"), "dense int8 by default");
+    assert!(!ck.has("model.layers.0.mlp.gate.weight.qs"), "router stays f32");
+    drop(ck);
+
+    let a = decode(&dir, &spec);
+    let b = decode(&dir, &spec);
+    assert_eq!(a, b, "same model, same prompt, same tokens");
+
+    // Same seed, same bytes; another seed, other weights.
+    let again = tmp.path().join("again");
+    synth(&spec, &again, false).unwrap();
+    let bytes = |d: &std::path::Path| std::fs::read(d.join("model.safetensors")).unwrap();
+    assert_eq!(bytes(&dir), bytes(&again));
+    let other = tmp.path().join("other");
+    synth(
+        &SynthSpec {
+            seed: 12,
+            ..spec.clone()
+        },
+        &other,
+        false,
+    )
+    .unwrap();
+    assert_ne!(bytes(&dir), bytes(&other));
+
+    // A non-empty output is refused.
+    assert!(synth(&spec, &dir, false).is_err());
+}
+
+#[test]
+fn f32_dense_and_fewer_layers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        layers: 1,
+        experts: 4,
+        dense_format: QFormat::F32,
+        ..SynthSpec::tiny()
+    };
+    let dir = tmp.path().join("m");
+    synth(&spec, &dir, false).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    assert!(!ck.has("model.embed_tokens.weight.qs"));
+    assert!(!ck.has("model.layers.1.input_layernorm.weight"));
+    drop(ck);
+    let a = decode(&dir, &spec);
+    assert!(a.iter().all(|&t| (t as usize) < spec.vocab));
+}
+
+#[test]
+fn disk_probe_reads_the_expert_extents() {
+    use colibri::config::OlmoeConfig;
+    use colibri::model::olmoe::{LoadOptions, expert_map};
+    use colibri::synth::read_bandwidth;
+    use colibri_actors::StorageOptions;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = SynthSpec::tiny();
+    let dir = tmp.path().join("m");
+    synth(&spec, &dir, false).unwrap();
+    let cfg = OlmoeConfig::load(&dir).unwrap();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let (map, _) = expert_map(&cfg, &ck, LoadOptions::default()).unwrap();
+    let per_expert = map.extent(colibri_actors::ExpertKey::new(0, 0)).unwrap().bytes();
+    let all = read_bandwidth(&map, &StorageOptions::default(), u64::MAX, 3).unwrap();
+    let n = (spec.layers * spec.experts) as u64;
+    // Every expert once, each rounded up to whole 4096-byte blocks.
+    assert!(
+        all.bytes >= n * per_expert && all.bytes < n * (per_expert + 2 * ALIGN),
+        "{all:?}"
+    );
+    assert_eq!(all.kind, "pread");
+    let some = read_bandwidth(&map, &StorageOptions::default(), 1, 1).unwrap();
+    assert!(
+        some.bytes > 0 && some.bytes < all.bytes,
+        "stops after max_bytes: {some:?}"
+    );
+}
