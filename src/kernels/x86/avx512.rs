@@ -254,8 +254,8 @@ const NIB_BLOCK: usize = 8 * W;
 
 /// `T` int4 dot products against activations de-interleaved by
 /// `NibActs` with 16 lanes. Each 64-byte block is 16 32-bit lanes of 8
-/// nibbles; nibble `k` of every lane is brought to the low 4 bits by a shift
-/// and looked up in a 16-entry table of `-8.0..=7.0` (`vpermps` reads only
+/// nibbles; nibble `k` of every lane is brought to the low 4 bits (a load at
+/// byte offset `k / 2`, a 4-bit shift for odd `k`) and looked up in a 16-entry table of `-8.0..=7.0` (`vpermps` reads only
 /// those bits), giving 16 weights of columns `8i + k` that meet vector `k`
 /// of the block's activations. Row mode: nibble `k` goes to accumulator
 /// `k % 4` of its token; the four are summed pairwise, reduced, times
@@ -280,8 +280,11 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
     xs: [*const f32; T],
 ) -> [f32; T] {
     let nblocks = cols.div_ceil(NIB_BLOCK);
-    let full = nbytes / 64;
-    let mut tail = [0u8; 64];
+    // Blocks are read at byte offsets 0..=3, so a block is read in place
+    // only when 3 more bytes of the row follow it; the (at most two) last
+    // blocks are copied into a zero-padded buffer.
+    let full = nbytes.saturating_sub(3) / 64;
+    let mut tail = [0u8; 192];
     let table = _mm512_setr_ps(
         -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
     );
@@ -297,8 +300,8 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
     );
     let mut acc = [[_mm512_setzero_ps(); 4]; T];
     let (mut gi, mut left) = (0usize, 0usize);
-    // SAFETY (whole body): blocks below `full` lie inside the row's `nbytes`
-    // and the last partial block is copied into `tail`; activation offsets
+    // SAFETY (whole body): blocks below `full`, plus 3 bytes, lie inside the
+    // row's `nbytes`, and the rest is copied into `tail`; activation offsets
     // stay inside the `nblocks` prepared blocks; scale loads are masked to
     // the row's scales.
     unsafe {
@@ -306,7 +309,11 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
             ptr::copy_nonoverlapping(p.add(64 * full), tail.as_mut_ptr(), nbytes - 64 * full);
         }
         for b in 0..nblocks {
-            let src = if b < full { p.add(64 * b) } else { tail.as_ptr() };
+            let src = if b < full {
+                p.add(64 * b)
+            } else {
+                tail.as_ptr().add(64 * (b - full))
+            };
             // A hint only: never faults, so it may point past the row.
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * b + PREFETCH).cast());
             if MODE == 1 {
@@ -317,16 +324,24 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
                 }
                 left -= 1;
             }
-            let v = _mm512_loadu_si512(src.cast());
+            // Loading at byte offset `m` brings byte `4i + m` (nibbles 2m
+            // and 2m + 1) to the bottom of lane `i`: the load ports do the
+            // byte shifts, a 4-bit shift the rest.
+            let v = [
+                _mm512_loadu_si512(src.cast()),
+                _mm512_loadu_si512(src.add(1).cast()),
+                _mm512_loadu_si512(src.add(2).cast()),
+                _mm512_loadu_si512(src.add(3).cast()),
+            ];
             let w = [
-                _mm512_permutexvar_ps(v, tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<8>(v), tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<12>(v), tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<16>(v), tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<20>(v), tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<24>(v), tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<28>(v), tab),
+                _mm512_permutexvar_ps(v[0], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[0]), tab),
+                _mm512_permutexvar_ps(v[1], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[1]), tab),
+                _mm512_permutexvar_ps(v[2], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[2]), tab),
+                _mm512_permutexvar_ps(v[3], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[3]), tab),
             ];
             let xo = NIB_BLOCK * b;
             if MODE == 2 {
