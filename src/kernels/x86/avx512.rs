@@ -280,11 +280,12 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
     xs: [*const f32; T],
 ) -> [f32; T] {
     let nblocks = cols.div_ceil(NIB_BLOCK);
-    // Blocks are read at byte offsets 0..=3, so a block is read in place
-    // only when 3 more bytes of the row follow it; the (at most two) last
-    // blocks are copied into a zero-padded buffer.
+    // Blocks are read at byte offsets 0..=3, so a block is read with plain
+    // loads only when 3 more bytes of the row follow it; the (at most two)
+    // last blocks are read with byte masks that stop at the row's end
+    // (masked-off bytes read as zero: weights past the row meet zero
+    // activations).
     let full = nbytes.saturating_sub(3) / 64;
-    let mut tail = [0u8; 192];
     let table = _mm512_setr_ps(
         -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
     );
@@ -301,19 +302,13 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
     let mut acc = [[_mm512_setzero_ps(); 4]; T];
     let (mut gi, mut left) = (0usize, 0usize);
     // SAFETY (whole body): blocks below `full`, plus 3 bytes, lie inside the
-    // row's `nbytes`, and the rest is copied into `tail`; activation offsets
+    // row's `nbytes`, and later ones are loaded masked to it (masked loads do
+    // not fault on the bytes they skip); activation offsets
     // stay inside the `nblocks` prepared blocks; scale loads are masked to
     // the row's scales.
     unsafe {
-        if full < nblocks {
-            ptr::copy_nonoverlapping(p.add(64 * full), tail.as_mut_ptr(), nbytes - 64 * full);
-        }
         for b in 0..nblocks {
-            let src = if b < full {
-                p.add(64 * b)
-            } else {
-                tail.as_ptr().add(64 * (b - full))
-            };
+            let src = p.add(64 * b);
             // A hint only: never faults, so it may point past the row.
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * b + PREFETCH).cast());
             if MODE == 1 {
@@ -327,12 +322,26 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
             // Loading at byte offset `m` brings byte `4i + m` (nibbles 2m
             // and 2m + 1) to the bottom of lane `i`: the load ports do the
             // byte shifts, a 4-bit shift the rest.
-            let v = [
-                _mm512_loadu_si512(src.cast()),
-                _mm512_loadu_si512(src.add(1).cast()),
-                _mm512_loadu_si512(src.add(2).cast()),
-                _mm512_loadu_si512(src.add(3).cast()),
-            ];
+            let v = if b < full {
+                [
+                    _mm512_loadu_si512(src.cast()),
+                    _mm512_loadu_si512(src.add(1).cast()),
+                    _mm512_loadu_si512(src.add(2).cast()),
+                    _mm512_loadu_si512(src.add(3).cast()),
+                ]
+            } else {
+                let left = nbytes - 64 * b;
+                let m = |o: usize| match left.saturating_sub(o) {
+                    n @ 0..64 => (1u64 << n) - 1,
+                    _ => u64::MAX,
+                };
+                [
+                    _mm512_maskz_loadu_epi8(m(0), src.cast()),
+                    _mm512_maskz_loadu_epi8(m(1), src.add(1).cast()),
+                    _mm512_maskz_loadu_epi8(m(2), src.add(2).cast()),
+                    _mm512_maskz_loadu_epi8(m(3), src.add(3).cast()),
+                ]
+            };
             let w = [
                 _mm512_permutexvar_ps(v[0], tab),
                 _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[0]), tab),
