@@ -246,7 +246,9 @@ impl Kernels {
         Acts::plain(x)
     }
 
-    /// `row · x` in the row's format.
+    /// `row · x` in the row's format. Prepares `x` for this one row (an
+    /// allocation for int4 on x86 SIMD): callers with many rows use
+    /// [`Kernels::prepare`] and [`Kernels::dot_acts`].
     #[inline]
     pub fn dot(&self, row: &RowRef<'_>, x: &[f32]) -> f32 {
         row.check(x.len());
