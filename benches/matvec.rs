@@ -5,7 +5,9 @@
 //! default 4096) on one thread and on all threads. The summary prints GB/s of
 //! weight bytes and the ratio to a SIMD sum over a buffer of the same size
 //! with the same thread count, measured in the same run: the target is a ratio
-//! of at least 0.8 for int8 and int4.
+//! of at least 0.8 for int8 and int4. `COLI_BENCH_KERNELS` (e.g. `avx2`)
+//! runs the matvec cases on another available kernel set; the baseline
+//! always uses the best one.
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -131,9 +133,13 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     let records = RefCell::new(Vec::new());
     let k = dispatch();
+    let km = std::env::var("COLI_BENCH_KERNELS")
+        .ok()
+        .and_then(|name| Kernels::available().into_iter().find(|k| k.name == name))
+        .unwrap_or(k);
     eprintln!(
         "kernels: {} (available: {:?})",
-        k.name,
+        km.name,
         Kernels::available().iter().map(|k| k.name).collect::<Vec<_>>()
     );
 
@@ -160,10 +166,10 @@ fn main() {
             m.resident_bytes(),
             &pools,
             || {
-                m.matvec(black_box(&x), &mut y);
+                m.matvec_with(&km, black_box(&x), &mut y);
             },
         );
-        if format != QFormat::F32 && k.has_vnni() {
+        if format != QFormat::F32 && km.has_vnni() {
             run(
                 &mut c,
                 &records,
@@ -171,7 +177,7 @@ fn main() {
                 m.resident_bytes(),
                 &pools,
                 || {
-                    m.matvec_q8(black_box(&x), &mut y);
+                    m.matvec_q8_with(&km, black_box(&x), &mut y);
                 },
             );
         }
@@ -188,7 +194,7 @@ fn main() {
                 m.resident_bytes() * n,
                 &pools,
                 || {
-                    m.matmul(black_box(&xs), n, &mut ys);
+                    m.matmul_with(&km, black_box(&xs), n, &mut ys);
                 },
             );
         }
@@ -202,7 +208,7 @@ fn main() {
             .find(|r| r.case == "read-baseline" && r.threads == threads)
             .map(|r| r.bytes as f64 / r.seconds)
     };
-    println!("\nweights {mb} MiB, {cols} columns, kernels {}", k.name);
+    println!("\nweights {mb} MiB, {cols} columns, kernels {}", km.name);
     println!("{:<20} {:>7} {:>10} {:>8}", "case", "threads", "GB/s", "ratio");
     for r in &records {
         let gbs = r.bytes as f64 / r.seconds;

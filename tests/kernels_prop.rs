@@ -107,6 +107,41 @@ proptest! {
         }
     }
 
+    /// Long int4 rows (several nibble-kernel blocks, every group layout)
+    /// through prepared activations: each row equals `dot`, bit for bit,
+    /// and the scalar reference within tolerance.
+    #[test]
+    fn prepared_int4_matches_scalar(
+        cols in 1usize..1200,
+        group in prop::sample::select(vec![0usize, 8, 16, 32, 64, 128, 192, 256, 512]),
+        seed in any::<u64>(),
+    ) {
+        let format = if group == 0 { QFormat::Int4 } else { QFormat::Int4Grouped { group } };
+        let mut rng = Lcg(seed | 1);
+        let bytes: Vec<u8> = (0..format.row_bytes(cols)).map(|_| rng.next() as u8).collect();
+        let scales: Vec<f32> = (0..format.scales_per_row(cols))
+            .map(|_| 1e-3 + rng.uniform().abs() * 0.5)
+            .collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * 4.0).collect();
+        let row = RowRef::Packed { format, cols, bytes: &bytes, scales: &scales };
+        let want = scalar::dot(&row, &x);
+        let mut w = vec![0.0; cols];
+        scalar::dequantize_row(&row, &mut w);
+        let mag: f32 = w.iter().zip(&x).map(|(w, x)| (w * x).abs()).sum();
+        for k in Kernels::available() {
+            let a = k.prepare(format, &x);
+            let got = k.dot_acts(&row, &a);
+            prop_assert_eq!(got.to_bits(), k.dot(&row, &x).to_bits(), "{} {}", k.name, format);
+            prop_assert!(
+                (got - want).abs() <= 1e-5 * mag + 1e-30,
+                "{}: {} cols {}: {got} vs {want} (mag {mag})", k.name, format, cols
+            );
+            // Activations prepared for another format still give the same value.
+            let plain = k.dot_acts(&row, &k.prepare(QFormat::Int8, &x));
+            prop_assert!((plain - want).abs() <= 1e-5 * mag + 1e-30, "{} plain", k.name);
+        }
+    }
+
     #[test]
     fn q8_dot_matches_reference(c in case(300)) {
         let row = c.row();
@@ -172,24 +207,35 @@ proptest! {
 #[test]
 fn results_do_not_depend_on_thread_count() {
     let (rows, cols) = (301, 777);
-    let bytes: Vec<u8> = (0..rows * cols).map(|i| (i * 131 % 256) as u8).collect();
-    let scales: Vec<f32> = (0..rows).map(|r| 0.01 + r as f32 * 1e-4).collect();
-    let m = QMatrix::from_parts(rows, cols, QFormat::Int8, ByteStore::from_vec(bytes), scales).unwrap();
-    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.7).sin()).collect();
-    let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        let mut y = vec![0.0; rows];
-        pool.install(|| m.matvec(&x, &mut y));
-        let mut yq = vec![0.0; rows];
-        pool.install(|| m.matvec_q8(&x, &mut yq));
-        (y, yq)
-    };
-    let one = run(1);
-    for threads in [2, 3, 5] {
-        assert_eq!(run(threads), one, "{threads} threads");
+    for format in [
+        QFormat::Int8,
+        QFormat::Int4,
+        QFormat::Int4Grouped { group: 64 },
+        QFormat::Int4Grouped { group: 37 },
+    ] {
+        let bytes: Vec<u8> = (0..rows * format.row_bytes(cols))
+            .map(|i| (i * 131 % 256) as u8)
+            .collect();
+        let scales: Vec<f32> = (0..rows * format.scales_per_row(cols))
+            .map(|r| 0.01 + r as f32 * 1e-4)
+            .collect();
+        let m = QMatrix::from_parts(rows, cols, format, ByteStore::from_vec(bytes), scales).unwrap();
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.7).sin()).collect();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut y = vec![0.0; rows];
+            pool.install(|| m.matvec(&x, &mut y));
+            let mut yq = vec![0.0; rows];
+            pool.install(|| m.matvec_q8(&x, &mut yq));
+            (y, yq)
+        };
+        let one = run(1);
+        for threads in [2, 3, 5] {
+            assert_eq!(run(threads), one, "{format}: {threads} threads");
+        }
     }
 }
 

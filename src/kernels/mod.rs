@@ -7,6 +7,10 @@
 //! count or on how many tokens are processed together, so `matmul` equals
 //! `matvec` per token bit for bit.
 //!
+//! Int4 rows are fastest against activations rearranged once per matvec
+//! ([`Kernels::prepare`], [`Acts`]): the SIMD kernels then turn each nibble
+//! into an f32 with one table lookup instead of widening byte by byte.
+//!
 //! The optional int8-activation mode ([`QActs`], [`Kernels::dot_q8`]) trades
 //! exactness against the f32 reference for speed; it is never the default.
 
@@ -37,6 +41,14 @@ pub enum RowRef<'a> {
 }
 
 impl RowRef<'_> {
+    /// Storage format (`F32` for an f32 row).
+    pub fn format(&self) -> QFormat {
+        match *self {
+            RowRef::F32(_) => QFormat::F32,
+            RowRef::Packed { format, .. } => format,
+        }
+    }
+
     /// Logical number of columns.
     pub fn cols(&self) -> usize {
         match *self {
@@ -72,6 +84,33 @@ impl RowRef<'_> {
             "activation of {x_len} values for a row of {}",
             self.cols()
         );
+    }
+}
+
+/// An activation vector as one kernel set wants it for one weight format:
+/// the plain values, plus for int4 on x86 SIMD a de-interleaved copy built
+/// once per matvec and shared by every row. Only the plain values decide the
+/// result's meaning; the copy only changes speed.
+#[derive(Clone, Debug)]
+pub struct Acts<'a> {
+    x: &'a [f32],
+    #[cfg(target_arch = "x86_64")]
+    nib: Option<x86::NibActs>,
+}
+
+impl<'a> Acts<'a> {
+    /// Plain activations, usable with any kernel set and format.
+    pub fn plain(x: &'a [f32]) -> Self {
+        Self {
+            x,
+            #[cfg(target_arch = "x86_64")]
+            nib: None,
+        }
+    }
+
+    /// The plain values.
+    pub fn values(&self) -> &'a [f32] {
+        self.x
     }
 }
 
@@ -186,11 +225,43 @@ impl Kernels {
         }
     }
 
-    /// `row · x` in the row's format.
+    /// `x` laid out for this kernel set's `format` rows: prepare once, then
+    /// [`Kernels::dot_acts`] every row. Results equal [`Kernels::dot`]'s.
+    pub fn prepare<'a>(&self, format: QFormat, x: &'a [f32]) -> Acts<'a> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let lanes = match self.isa {
+                Isa::Avx512 => Some(16),
+                Isa::Avx2 => Some(8),
+                Isa::Scalar => None,
+            };
+            if let Some(lanes) = lanes.filter(|&l| x86::nib_groups(format, l).is_some()) {
+                return Acts {
+                    x,
+                    nib: Some(x86::NibActs::new(x, lanes, self.isa == Isa::Avx2)),
+                };
+            }
+        }
+        let _ = format;
+        Acts::plain(x)
+    }
+
+    /// `row · x` in the row's format. Prepares `x` for this one row (an
+    /// allocation for int4 on x86 SIMD): callers with many rows use
+    /// [`Kernels::prepare`] and [`Kernels::dot_acts`].
     #[inline]
     pub fn dot(&self, row: &RowRef<'_>, x: &[f32]) -> f32 {
         row.check(x.len());
-        self.dot_n::<1>(row, [x])[0]
+        let x = &x[..row.cols()];
+        self.dot_n::<1>(row, [&self.prepare(row.format(), x)])[0]
+    }
+
+    /// `row · a`, with `a` from [`Kernels::prepare`] (any kernel set or
+    /// format works; the matching one is fastest).
+    #[inline]
+    pub fn dot_acts(&self, row: &RowRef<'_>, a: &Acts<'_>) -> f32 {
+        row.check(a.x.len());
+        self.dot_n::<1>(row, [a])[0]
     }
 
     /// `out[t] = row · x_t` for the `n` tokens of `x` (`[n, cols]`), reading
@@ -199,13 +270,25 @@ impl Kernels {
     pub fn dot_batch(&self, row: &RowRef<'_>, x: &[f32], n: usize, out: &mut [f32]) {
         let cols = row.cols();
         assert!(
-            x.len() >= n * cols && out.len() >= n,
-            "dot_batch: {n} tokens of {cols} with {} inputs, {} outputs",
+            x.len() >= n * cols,
+            "dot_batch: {n} tokens of {cols} with {} inputs",
             x.len(),
-            out.len()
         );
-        row.check(cols);
-        let tok = |t: usize| &x[t * cols..(t + 1) * cols];
+        let acts: Vec<Acts<'_>> = (0..n)
+            .map(|t| self.prepare(row.format(), &x[t * cols..(t + 1) * cols]))
+            .collect();
+        self.dot_batch_acts(row, &acts, out);
+    }
+
+    /// `out[t] = row · acts[t]` for every token, as [`Kernels::dot_batch`]:
+    /// each value equals [`Kernels::dot_acts`] of that token exactly.
+    pub fn dot_batch_acts(&self, row: &RowRef<'_>, acts: &[Acts<'_>], out: &mut [f32]) {
+        let n = acts.len();
+        assert!(out.len() >= n, "dot_batch: {n} tokens, {} outputs", out.len());
+        for a in acts {
+            row.check(a.x.len());
+        }
+        let tok = |t: usize| &acts[t];
         let block = match self.isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => 4,
@@ -268,9 +351,9 @@ impl Kernels {
 
     /// `T` dot products of one row; lengths already checked.
     #[inline]
-    fn dot_n<const T: usize>(&self, row: &RowRef<'_>, xs: [&[f32]; T]) -> [f32; T] {
+    fn dot_n<const T: usize>(&self, row: &RowRef<'_>, xs: [&Acts<'_>; T]) -> [f32; T] {
         match self.isa {
-            Isa::Scalar => xs.map(|x| scalar::dot(row, x)),
+            Isa::Scalar => xs.map(|a| scalar::dot(row, a.x)),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` is only built by `Kernels::avx2` after
             // detecting AVX2 and FMA; lengths were checked by the caller.
@@ -280,7 +363,7 @@ impl Kernels {
             Isa::Avx512 => unsafe { x86::avx512::dot_n(row, xs) },
             #[cfg(target_arch = "aarch64")]
             // SAFETY: `Isa::Neon` is only built after detecting NEON.
-            Isa::Neon => unsafe { neon::dot_n(row, xs) },
+            Isa::Neon => unsafe { neon::dot_n(row, xs.map(|a| a.x)) },
         }
     }
 }

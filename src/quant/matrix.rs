@@ -181,9 +181,11 @@ impl QMatrix {
     pub fn matvec_with(&self, k: &Kernels, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
+        // Laid out once for the kernels, shared by every row.
+        let a = k.prepare(self.format, x);
         y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
             for (i, yv) in ys.iter_mut().enumerate() {
-                *yv = k.dot(&self.row_ref(c * ROWS_PER_TASK + i), x);
+                *yv = k.dot_acts(&self.row_ref(c * ROWS_PER_TASK + i), &a);
             }
         });
     }
@@ -221,14 +223,18 @@ impl QMatrix {
         if n == 1 {
             return self.matvec_with(k, x, y);
         }
-        let rows = self.rows;
+        let (rows, cols) = (self.rows, self.cols);
+        // Each token laid out once, as matvec does, so values match it.
+        let acts: Vec<kernels::Acts<'_>> = (0..n)
+            .map(|t| k.prepare(self.format, &x[t * cols..(t + 1) * cols]))
+            .collect();
         // Compute W-row-major blocks into a transposed scratch, then scatter.
         let mut yt = vec![0f32; n * rows];
         yt.par_chunks_mut(ROWS_PER_TASK * n)
             .enumerate()
             .for_each(|(c, block)| {
                 for (i, out) in block.chunks_mut(n).enumerate() {
-                    k.dot_batch(&self.row_ref(c * ROWS_PER_TASK + i), x, n, out);
+                    k.dot_batch_acts(&self.row_ref(c * ROWS_PER_TASK + i), &acts, out);
                 }
             });
         for (r, ys) in yt.chunks_exact(n).enumerate() {

@@ -4,12 +4,15 @@
 //! group of four goes to accumulator `c % 4`, leftovers and the zero-padded
 //! partial chunk to accumulator 0; pairwise sum, fixed horizontal reduction,
 //! times the row scale. Grouped scales multiply each chunk's weights.
+//!
+//! Int4 rows against prepared activations take the nibble kernel
+//! ([`nib_dot`]) instead.
 
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::{ScaleCursor, grouping};
-use crate::kernels::{RowRef, scalar};
+use super::{NibGroups, ScaleCursor, grouping, nib_groups};
+use crate::kernels::{Acts, RowRef, scalar};
 use crate::quant::QFormat;
 
 /// Columns per vector.
@@ -255,12 +258,177 @@ unsafe fn row_dot<U: Unpack, const T: usize, const G: bool>(
     out
 }
 
+/// Columns per 32-byte block of the nibble kernel.
+const NIB_BLOCK: usize = 8 * W;
+
+/// `T` int4 dot products against activations de-interleaved by `NibActs`
+/// with 8 lanes, scaled. Each 32-byte block is 8 32-bit lanes of 8 nibbles.
+/// Nibble `k` (`j = k % 4`, from the lane or the lane shifted right by 16)
+/// is masked in place and OR-ed into the mantissa of `2^23`, giving the
+/// float `2^23 + n 16^j`; subtracting `2^23 + 8 16^j` leaves `(n - 8) 16^j`
+/// exactly, which meets activation vector `k` already divided by `16^j`:
+/// no conversion instruction and no shuffle. Row mode: nibble `k` goes to
+/// accumulator `k % 4`, pairwise sum, fixed reduction, times `scale`.
+/// Grouped: each block's products are summed in two chains (even and odd
+/// `k`), added, and multiplied-added by a vector of the block's scales into
+/// accumulator 0.
+///
+/// # Safety
+/// `p` holds `nbytes = cols.div_ceil(2)` readable bytes, each `xs[t]` holds
+/// `cols.div_ceil(64)` blocks of 64 values, and `scales` holds the row's
+/// `cols.div_ceil(group)` scales in the grouped modes.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn nib_dot<const T: usize, const GROUPED: bool>(
+    p: *const u8,
+    nbytes: usize,
+    cols: usize,
+    scale: f32,
+    scales: &[f32],
+    groups: NibGroups,
+    xs: [*const f32; T],
+) -> [f32; T] {
+    const MAGIC: i32 = 0x4B00_0000;
+    const TWO23: f32 = 8_388_608.0;
+    let nblocks = cols.div_ceil(NIB_BLOCK);
+    let full = nbytes / 32;
+    let mut tail = [0u8; 32];
+    let masks = [
+        _mm256_set1_epi32(0xF),
+        _mm256_set1_epi32(0xF0),
+        _mm256_set1_epi32(0xF00),
+        _mm256_set1_epi32(0xF000),
+    ];
+    let offs = [
+        _mm256_set1_ps(TWO23 + 8.0),
+        _mm256_set1_ps(TWO23 + 128.0),
+        _mm256_set1_ps(TWO23 + 2048.0),
+        _mm256_set1_ps(TWO23 + 32768.0),
+    ];
+    let magic = _mm256_set1_epi32(MAGIC);
+    let (group_blocks, shift, per) = match groups {
+        NibGroups::Row => (usize::MAX, 0, 0),
+        NibGroups::Wide { blocks } => (blocks, 0, 0),
+        NibGroups::Narrow { shift, per } => (usize::MAX, shift, per),
+    };
+    let rel = _mm256_srlv_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(shift as i32),
+    );
+    let mut acc = [[_mm256_setzero_ps(); 4]; T];
+    let (mut gi, mut left) = (0usize, 0usize);
+    let mut sv = _mm256_setzero_ps();
+    // SAFETY (whole body): blocks below `full` lie inside the row's `nbytes`
+    // and the last partial block is copied into `tail`; activation offsets
+    // stay inside the `nblocks` prepared blocks; scale loads are masked to
+    // the row's scales.
+    unsafe {
+        if full < nblocks {
+            ptr::copy_nonoverlapping(p.add(32 * full), tail.as_mut_ptr(), nbytes - 32 * full);
+        }
+        for b in 0..nblocks {
+            let src = if b < full { p.add(32 * b) } else { tail.as_ptr() };
+            // A hint only: never faults, so it may point past the row.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(32 * b + PREFETCH).cast());
+            let v = _mm256_loadu_si256(src.cast());
+            let u = _mm256_srli_epi32::<16>(v);
+            let mut w = [_mm256_setzero_ps(); 8];
+            for k in 0..8 {
+                let (src, j) = if k < 4 { (v, k) } else { (u, k - 4) };
+                let f = _mm256_or_si256(_mm256_and_si256(src, masks[j]), magic);
+                w[k] = _mm256_sub_ps(_mm256_castsi256_ps(f), offs[j]);
+            }
+            let xo = NIB_BLOCK * b;
+            if GROUPED {
+                if per > 0 {
+                    let first = b * per;
+                    let n = per.min(scales.len() - first) as i32;
+                    let m =
+                        _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+                    sv = _mm256_permutevar8x32_ps(_mm256_maskload_ps(scales.as_ptr().add(first), m), rel);
+                } else {
+                    if left == 0 {
+                        sv = _mm256_set1_ps(scales[gi]);
+                        gi += 1;
+                        left = group_blocks;
+                    }
+                    left -= 1;
+                }
+                for t in 0..T {
+                    let x = xs[t].add(xo);
+                    let mut e = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+                    let mut o = _mm256_mul_ps(w[1], _mm256_loadu_ps(x.add(W)));
+                    for k in (2..8).step_by(2) {
+                        e = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x.add(W * k)), e);
+                        o = _mm256_fmadd_ps(w[k + 1], _mm256_loadu_ps(x.add(W * k + W)), o);
+                    }
+                    acc[t][0] = _mm256_fmadd_ps(_mm256_add_ps(e, o), sv, acc[t][0]);
+                }
+            } else {
+                for k in 0..8 {
+                    for t in 0..T {
+                        let x = _mm256_loadu_ps(xs[t].add(xo + W * k));
+                        acc[t][k % 4] = _mm256_fmadd_ps(w[k], x, acc[t][k % 4]);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        let [a0, a1, a2, a3] = acc[t];
+        let s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+        out[t] = hsum(s) * scale;
+    }
+    out
+}
+
+/// The nibble kernel for an int4 row, when every token's activations were
+/// prepared for it and the row's scale layout is one it handles.
+///
+/// # Safety
+/// As [`dot_n`].
+unsafe fn nib_row<const T: usize>(row: &RowRef<'_>, acts: [&Acts<'_>; T]) -> Option<[f32; T]> {
+    let RowRef::Packed {
+        format,
+        cols,
+        bytes,
+        scales,
+    } = *row
+    else {
+        return None;
+    };
+    let groups = nib_groups(format, W)?;
+    let mut xs = [ptr::null(); T];
+    for (x, a) in xs.iter_mut().zip(acts) {
+        if a.x.len() != cols {
+            return None;
+        }
+        *x = a.nib.as_ref()?.ptr(W)?;
+    }
+    let nb = format.row_bytes(cols);
+    let p = bytes.as_ptr();
+    // SAFETY: the caller's contract covers the row; `NibActs` built from
+    // `cols` values with 8 lanes holds `cols.div_ceil(64)` blocks.
+    Some(unsafe {
+        match groups {
+            NibGroups::Row => nib_dot::<T, false>(p, nb, cols, scales[0], &[], groups, xs),
+            _ => nib_dot::<T, true>(p, nb, cols, 1.0, scales, groups, xs),
+        }
+    })
+}
+
 /// `row · x_t` for each of the `T` activations.
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; the row's buffers and every `xs[t]` hold
 /// what `RowRef::check` requires.
-pub(crate) unsafe fn dot_n<const T: usize>(row: &RowRef<'_>, xs: [&[f32]; T]) -> [f32; T] {
+pub(crate) unsafe fn dot_n<const T: usize>(row: &RowRef<'_>, acts: [&Acts<'_>; T]) -> [f32; T] {
+    // SAFETY: this function's contract.
+    if let Some(out) = unsafe { nib_row(row, acts) } {
+        return out;
+    }
+    let xs = acts.map(|a| a.x);
     let xp = xs.map(|x| x.as_ptr());
     match *row {
         // SAFETY (all arms): guaranteed by this function's contract; the

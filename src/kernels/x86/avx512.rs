@@ -6,12 +6,15 @@
 //! multiplied by the row scale. Grouped scales are applied to the weights of
 //! each chunk before the multiply-add. The order is the same for any number of
 //! tokens processed together.
+//!
+//! Int4 rows against prepared activations take the nibble kernel
+//! ([`nib_dot`]) instead.
 
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::{ScaleCursor, grouping};
-use crate::kernels::{RowRef, scalar};
+use super::{NibGroups, ScaleCursor, grouping, nib_groups};
+use crate::kernels::{Acts, RowRef, scalar};
 use crate::quant::QFormat;
 
 /// Columns per vector.
@@ -246,12 +249,191 @@ unsafe fn row_dot<U: Unpack, const T: usize, const G: bool>(
     out
 }
 
+/// Columns per 64-byte block of the nibble kernel.
+const NIB_BLOCK: usize = 8 * W;
+
+/// `T` int4 dot products against activations de-interleaved by
+/// `NibActs` with 16 lanes. Each 64-byte block is 16 32-bit lanes of 8
+/// nibbles; nibble `k` of every lane is brought to the low 4 bits (a load at
+/// byte offset `k / 2`, a 4-bit shift for odd `k`) and looked up in a 16-entry table of `-8.0..=7.0` (`vpermps` reads only
+/// those bits), giving 16 weights of columns `8i + k` that meet vector `k`
+/// of the block's activations. Row mode: nibble `k` goes to accumulator
+/// `k % 4` of its token; the four are summed pairwise, reduced, times
+/// `scale`. Wide groups: the table is scaled by the group's scale at each
+/// group start. Narrow groups: each block's products are summed in two
+/// chains (even and odd `k`), added, and multiplied-added by a vector of the
+/// block's scales into accumulator 0.
+///
+/// # Safety
+/// `p` holds `nbytes = cols.div_ceil(2)` readable bytes, each `xs[t]` holds
+/// `cols.div_ceil(128)` blocks of 128 values, and `scales` holds the row's
+/// `cols.div_ceil(group)` scales in the grouped modes.
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn nib_dot<const T: usize, const MODE: u8>(
+    p: *const u8,
+    nbytes: usize,
+    cols: usize,
+    scale: f32,
+    scales: &[f32],
+    groups: NibGroups,
+    xs: [*const f32; T],
+) -> [f32; T] {
+    let nblocks = cols.div_ceil(NIB_BLOCK);
+    // Blocks are read at byte offsets 0..=3, so a block is read with plain
+    // loads only when 3 more bytes of the row follow it; the (at most two)
+    // last blocks are read with byte masks that stop at the row's end
+    // (masked-off bytes read as zero: weights past the row meet zero
+    // activations).
+    let full = nbytes.saturating_sub(3) / 64;
+    let table = _mm512_setr_ps(
+        -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+    );
+    let mut tab = table;
+    let (group_blocks, shift, per) = match groups {
+        NibGroups::Row => (usize::MAX, 0, 0),
+        NibGroups::Wide { blocks } => (blocks, 0, 0),
+        NibGroups::Narrow { shift, per } => (usize::MAX, shift, per),
+    };
+    let rel = _mm512_srlv_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(shift as i32),
+    );
+    let mut acc = [[_mm512_setzero_ps(); 4]; T];
+    let (mut gi, mut left) = (0usize, 0usize);
+    // SAFETY (whole body): blocks below `full`, plus 3 bytes, lie inside the
+    // row's `nbytes`, and later ones are loaded masked to it (masked loads do
+    // not fault on the bytes they skip); activation offsets
+    // stay inside the `nblocks` prepared blocks; scale loads are masked to
+    // the row's scales.
+    unsafe {
+        for b in 0..nblocks {
+            let src = p.add(64 * b);
+            // A hint only: never faults, so it may point past the row.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * b + PREFETCH).cast());
+            if MODE == 1 {
+                if left == 0 {
+                    tab = _mm512_mul_ps(table, _mm512_set1_ps(scales[gi]));
+                    gi += 1;
+                    left = group_blocks;
+                }
+                left -= 1;
+            }
+            // Loading at byte offset `m` brings byte `4i + m` (nibbles 2m
+            // and 2m + 1) to the bottom of lane `i`: the load ports do the
+            // byte shifts, a 4-bit shift the rest.
+            let v = if b < full {
+                [
+                    _mm512_loadu_si512(src.cast()),
+                    _mm512_loadu_si512(src.add(1).cast()),
+                    _mm512_loadu_si512(src.add(2).cast()),
+                    _mm512_loadu_si512(src.add(3).cast()),
+                ]
+            } else {
+                let left = nbytes - 64 * b;
+                let m = |o: usize| match left.saturating_sub(o) {
+                    n @ 0..64 => (1u64 << n) - 1,
+                    _ => u64::MAX,
+                };
+                [
+                    _mm512_maskz_loadu_epi8(m(0), src.cast()),
+                    _mm512_maskz_loadu_epi8(m(1), src.add(1).cast()),
+                    _mm512_maskz_loadu_epi8(m(2), src.add(2).cast()),
+                    _mm512_maskz_loadu_epi8(m(3), src.add(3).cast()),
+                ]
+            };
+            let w = [
+                _mm512_permutexvar_ps(v[0], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[0]), tab),
+                _mm512_permutexvar_ps(v[1], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[1]), tab),
+                _mm512_permutexvar_ps(v[2], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[2]), tab),
+                _mm512_permutexvar_ps(v[3], tab),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[3]), tab),
+            ];
+            let xo = NIB_BLOCK * b;
+            if MODE == 2 {
+                let first = b * per;
+                let n = per.min(scales.len() - first);
+                let m = ((1u32 << n) - 1) as __mmask16;
+                let sv = _mm512_permutexvar_ps(rel, _mm512_maskz_loadu_ps(m, scales.as_ptr().add(first)));
+                for t in 0..T {
+                    let x = xs[t].add(xo);
+                    let mut e = _mm512_mul_ps(w[0], _mm512_loadu_ps(x));
+                    let mut o = _mm512_mul_ps(w[1], _mm512_loadu_ps(x.add(W)));
+                    for k in (2..8).step_by(2) {
+                        e = _mm512_fmadd_ps(w[k], _mm512_loadu_ps(x.add(W * k)), e);
+                        o = _mm512_fmadd_ps(w[k + 1], _mm512_loadu_ps(x.add(W * k + W)), o);
+                    }
+                    acc[t][0] = _mm512_fmadd_ps(_mm512_add_ps(e, o), sv, acc[t][0]);
+                }
+            } else {
+                for k in 0..8 {
+                    for t in 0..T {
+                        let x = _mm512_loadu_ps(xs[t].add(xo + W * k));
+                        acc[t][k % 4] = _mm512_fmadd_ps(w[k], x, acc[t][k % 4]);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [0f32; T];
+    for t in 0..T {
+        let [a0, a1, a2, a3] = acc[t];
+        let s = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+        out[t] = _mm512_reduce_add_ps(s) * scale;
+    }
+    out
+}
+
+/// The nibble kernel for an int4 row, when every token's activations were
+/// prepared for it and the row's scale layout is one it handles.
+///
+/// # Safety
+/// As [`dot_n`].
+unsafe fn nib_row<const T: usize>(row: &RowRef<'_>, acts: [&Acts<'_>; T]) -> Option<[f32; T]> {
+    let RowRef::Packed {
+        format,
+        cols,
+        bytes,
+        scales,
+    } = *row
+    else {
+        return None;
+    };
+    let groups = nib_groups(format, W)?;
+    let mut xs = [ptr::null(); T];
+    for (x, a) in xs.iter_mut().zip(acts) {
+        if a.x.len() != cols {
+            return None;
+        }
+        *x = a.nib.as_ref()?.ptr(W)?;
+    }
+    let nb = format.row_bytes(cols);
+    let p = bytes.as_ptr();
+    // SAFETY: the caller's contract covers the row; `NibActs` built from
+    // `cols` values with 16 lanes holds `cols.div_ceil(128)` blocks.
+    Some(unsafe {
+        match groups {
+            NibGroups::Row => nib_dot::<T, 0>(p, nb, cols, scales[0], &[], groups, xs),
+            NibGroups::Wide { .. } => nib_dot::<T, 1>(p, nb, cols, 1.0, scales, groups, xs),
+            NibGroups::Narrow { .. } => nib_dot::<T, 2>(p, nb, cols, 1.0, scales, groups, xs),
+        }
+    })
+}
+
 /// `row · x_t` for each of the `T` activations.
 ///
 /// # Safety
 /// The CPU supports AVX-512F, AVX-512BW and FMA; the row's buffers and every
 /// `xs[t]` hold what `RowRef::check` requires.
-pub(crate) unsafe fn dot_n<const T: usize>(row: &RowRef<'_>, xs: [&[f32]; T]) -> [f32; T] {
+pub(crate) unsafe fn dot_n<const T: usize>(row: &RowRef<'_>, acts: [&Acts<'_>; T]) -> [f32; T] {
+    // SAFETY: this function's contract.
+    if let Some(out) = unsafe { nib_row(row, acts) } {
+        return out;
+    }
+    let xs = acts.map(|a| a.x);
     let xp = xs.map(|x| x.as_ptr());
     match *row {
         // SAFETY (all arms): guaranteed by this function's contract; the

@@ -62,3 +62,74 @@ pub(super) fn grouping(format: crate::quant::QFormat, chunk: usize) -> Option<Op
         _ => None,
     }
 }
+
+/// How the scales of an int4 row apply to the blocks of the nibble kernels
+/// (a block is `8 * lanes` columns: 32-bit lane `i` holds its columns
+/// `8i..8i+8`, one nibble each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NibGroups {
+    /// One scale for the whole row, applied to the final sum.
+    Row,
+    /// Groups of `blocks` whole blocks: one scale per block.
+    Wide { blocks: usize },
+    /// Groups of `8 << shift` columns, several per block: lane `i` takes the
+    /// block's scale `i >> shift`, `per` scales per block.
+    Narrow { shift: u32, per: usize },
+}
+
+/// The scale layout of `format` for the nibble kernels with `lanes` lanes
+/// per vector, or `None` when they do not handle it (the caller falls back
+/// to the chunked kernels on the plain activations).
+pub(super) fn nib_groups(format: crate::quant::QFormat, lanes: usize) -> Option<NibGroups> {
+    use crate::quant::QFormat;
+    let block = 8 * lanes;
+    match format {
+        QFormat::Int4 => Some(NibGroups::Row),
+        QFormat::Int4Grouped { group } if group > 0 && group.is_multiple_of(block) => Some(NibGroups::Wide {
+            blocks: group / block,
+        }),
+        QFormat::Int4Grouped { group } if group >= 8 && group.is_power_of_two() && group < block => {
+            Some(NibGroups::Narrow {
+                shift: (group / 8).trailing_zeros(),
+                per: block / group,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Activations de-interleaved for the nibble kernels: per block of
+/// `8 * lanes` columns, nibble `k` of every lane is one vector, so value
+/// `k * lanes + i` of a block is column `8i + k`, times `2^(-4 (k % 4))`
+/// when `scaled` (the AVX2 kernel's weights carry that factor). Zero past
+/// the last column, so padding weights add nothing; the values start on a
+/// 64-byte boundary so no vector load splits a cache line.
+#[derive(Clone, Debug)]
+pub(crate) struct NibActs {
+    lanes: usize,
+    buf: Vec<f32>,
+    off: usize,
+}
+
+impl NibActs {
+    pub(super) fn new(x: &[f32], lanes: usize, scaled: bool) -> Self {
+        let block = 8 * lanes;
+        let len = x.len().div_ceil(block) * block;
+        let mut buf = vec![0f32; len + 16];
+        let off = buf.as_ptr().align_offset(64).min(16);
+        const POW: [f32; 4] = [1.0, 1.0 / 16.0, 1.0 / 256.0, 1.0 / 4096.0];
+        for (j, &v) in x.iter().enumerate() {
+            let (b, r) = (j / block, j % block);
+            let (i, k) = (r / 8, r % 8);
+            let f = if scaled { POW[k % 4] } else { 1.0 };
+            buf[off + b * block + k * lanes + i] = v * f;
+        }
+        Self { lanes, buf, off }
+    }
+
+    /// The first value, when laid out for `lanes` lanes per vector; the
+    /// buffer holds `cols.div_ceil(8 * lanes)` whole blocks.
+    pub(super) fn ptr(&self, lanes: usize) -> Option<*const f32> {
+        (self.lanes == lanes).then(|| self.buf[self.off..].as_ptr())
+    }
+}
