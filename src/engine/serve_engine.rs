@@ -102,15 +102,16 @@ impl EngineServer {
             .take()
             .ok_or_else(|| TokenizerError::Missing(engine.dir.join("tokenizer.json")))?;
         let cfg_path = engine.dir.join("tokenizer_config.json");
+        let family = template_family(&engine.dir);
         let template = if cfg_path.is_file() {
-            ChatTemplate::from_tokenizer_config(&cfg_path, Family::Olmoe)?
+            ChatTemplate::from_tokenizer_config(&cfg_path, family)?
         } else {
             let _ = writeln!(
                 diag,
-                "coli: {} not found; using the built-in OLMoE chat template",
+                "coli: {} not found; using the built-in {family:?} chat template",
                 cfg_path.display()
             );
-            ChatTemplate::builtin(Family::Olmoe)
+            ChatTemplate::builtin(family)
         };
         let mut slots: Vec<Session> = (0..opts.kv_slots).map(|_| engine.new_session()).collect();
         let store = match &opts.state_dir {
@@ -284,5 +285,16 @@ impl ServeEngine for EngineServer {
             let _ = writeln!(self.diag, "coli: saving the conversation failed: {e}");
         }
         Ok(())
+    }
+}
+
+/// The built-in chat template family for a model directory's `model_type`.
+fn template_family(dir: &std::path::Path) -> Family {
+    let model_type = crate::config::read_json(dir)
+        .ok()
+        .and_then(|(_, v)| v.get("model_type").and_then(|t| t.as_str()).map(str::to_string));
+    match model_type.as_deref() {
+        Some("glm_moe_dsa" | "deepseek_v3") => Family::Glm,
+        _ => Family::Olmoe,
     }
 }
