@@ -1,4 +1,6 @@
-//! `coli convert`: a Hugging Face OLMoE checkpoint to a streaming container.
+//! `coli convert`: a Hugging Face checkpoint (OLMoE, GLM-5 `glm_moe_dsa` or
+//! DeepSeek-V3 `deepseek_v3`; F32, BF16, F16 or FP8 e4m3 with block scales)
+//! to a streaming container.
 //!
 //! The container is one `model.safetensors` (readable by any safetensors
 //! reader) laid out for streaming: dense tensors first, then every routed
@@ -9,6 +11,7 @@
 //! into a temporary directory renamed into place at the very end, so an
 //! interrupted conversion never leaves something that loads.
 
+mod glm;
 mod plan;
 mod writer;
 
@@ -17,9 +20,10 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{ConfigError, OlmoeConfig};
+use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
 use crate::quant::{QFormat, QuantError, quantize_matrix};
-use crate::st::{Checkpoint, StError, decode_f32};
+use crate::st::fp8::dequantize_fp8;
+use crate::st::{Checkpoint, Dtype, StError, decode_f32};
 
 pub use writer::ALIGN;
 
@@ -91,10 +95,42 @@ pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
     }
 }
 
-/// Converts the OLMoE checkpoint in `input` into a container at `output`
-/// (a directory that must not exist yet, or be empty). The work happens in
-/// `<output>.tmp-<pid>`, renamed to `output` only once complete; on error
-/// the temporary directory is removed.
+/// The family-specific plan inputs for the checkpoint in `input`, chosen by
+/// config.json's `model_type`.
+fn model_spec(input: &Path, experts: QFormat, dense: QFormat) -> Result<plan::ModelSpec, ConvertError> {
+    let (path, json) = read_json(input)?;
+    let model_type = json
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_string();
+    match model_type.as_str() {
+        "olmoe" => Ok(plan::ModelSpec::olmoe(
+            &OlmoeConfig::from_json(&path, json)?,
+            experts,
+            dense,
+        )),
+        "glm_moe_dsa" | "deepseek_v3" => {
+            let cfg = GlmConfig::from_json(&path, json)?;
+            glm::spec(&cfg, &path, experts, dense)
+        }
+        other => Err(ConfigError::ModelType {
+            path,
+            found: other.to_string(),
+        }
+        .into()),
+    }
+}
+
+/// Converts the checkpoint in `input` into a container at `output` (a
+/// directory that must not exist yet, or be empty). The model family comes
+/// from config.json's `model_type`. The work happens in `<output>.tmp-<pid>`,
+/// renamed to `output` only once complete; on error the temporary directory
+/// is removed.
+///
+/// `experts` applies to routed experts and `dense` to the other matrices;
+/// norms, routers and biases stay F32. GLM / DeepSeek-V3 MTP layers never go
+/// below int8 (see [`crate::model::glm::mtp_format`]).
 pub fn convert(
     input: &Path,
     output: &Path,
@@ -102,9 +138,9 @@ pub fn convert(
     dense: QFormat,
     progress: bool,
 ) -> Result<ConvertReport, ConvertError> {
-    let cfg = OlmoeConfig::load(input)?;
+    let spec = model_spec(input, experts, dense)?;
     let ck = Checkpoint::open(input)?;
-    let jobs = plan::plan(&ck, &cfg, experts, dense)?;
+    let jobs = plan::plan(&ck, &spec)?;
     prepare_output(output)?;
     let mut tmp_name = output.as_os_str().to_os_string();
     tmp_name.push(format!(".tmp-{}", std::process::id()));
@@ -115,7 +151,13 @@ pub fn convert(
             source,
         })?;
     }
-    let result = write_all(&ck, input, &tmp, &jobs, experts, dense, progress).and_then(|bytes| {
+    let mut meta = vec![
+        ("format", "colibri".to_string()),
+        ("experts", experts.to_string()),
+        ("dense", dense.to_string()),
+    ];
+    meta.extend(spec.metadata.iter().cloned());
+    let result = write_all(&ck, input, &tmp, &jobs, &meta, progress).and_then(|bytes| {
         std::fs::rename(&tmp, output).map_err(|source| ConvertError::Io {
             path: output.to_path_buf(),
             source,
@@ -126,7 +168,7 @@ pub fn convert(
         Ok(bytes) => Ok(ConvertReport {
             output: output.to_path_buf(),
             tensors: jobs.len(),
-            experts: cfg.num_hidden_layers * cfg.num_experts,
+            experts: spec.experts(),
             bytes,
             experts_format: experts,
             dense_format: dense,
@@ -176,8 +218,7 @@ fn write_all(
     input: &Path,
     tmp: &Path,
     jobs: &[plan::Job],
-    experts: QFormat,
-    dense: QFormat,
+    meta: &[(&str, String)],
     progress: bool,
 ) -> Result<u64, ConvertError> {
     let io = |path: &Path| {
@@ -192,12 +233,7 @@ fn write_all(
         }
     }
     let path = tmp.join("model.safetensors");
-    let meta = [
-        ("format", "colibri".to_string()),
-        ("experts", experts.to_string()),
-        ("dense", dense.to_string()),
-    ];
-    let lay = writer::layout(jobs, &meta);
+    let lay = writer::layout(jobs, meta);
     let total = lay.header.len() as u64 + lay.data_len;
     let bar = progress_bar(progress, total);
     let file = std::fs::File::create(&path).map_err(io(&path))?;
@@ -274,14 +310,29 @@ fn write_job<W: Write>(ck: &Checkpoint, job: &plan::Job, w: &mut W) -> Result<()
         .and_then(|a| Some(a..a.checked_add(src.elems.checked_mul(size)?)?))
         .and_then(|r| all.get(r))
         .ok_or_else(|| bad(format!("source range lies outside tensor {:?}", src.tensor)))?;
+    let values = || -> Result<Vec<f32>, JobError> {
+        match &src.scale_inv {
+            Some(sname) => {
+                let sinfo = ck.info(sname)?;
+                let scales = decode_f32(sinfo.dtype, ck.bytes(sname)?)?;
+                let (rows, cols) = (job.shape[0], job.shape[1]);
+                Ok(dequantize_fp8(&src.tensor, bytes, rows, cols, &scales)
+                    .map_err(|e| e.in_file(ck.dir()))?)
+            }
+            None if src.dtype == Dtype::F8_E4M3 => {
+                Err(bad("F8_E4M3 tensor without block scales".into()).into())
+            }
+            None => Ok(decode_f32(src.dtype, bytes)?),
+        }
+    };
     match job.kind {
         plan::Kind::Raw => w.write_all(bytes)?,
         plan::Kind::F32 => {
-            let v = decode_f32(src.dtype, bytes)?;
+            let v = values()?;
             writer::write_f32s(w, &v)?;
         }
         plan::Kind::Quant(f) => {
-            let v = decode_f32(src.dtype, bytes)?;
+            let v = values()?;
             if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
                 return Err(bad(format!(
                     "value {i} is {x}; refusing to quantize non-finite weights"
