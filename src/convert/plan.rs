@@ -11,6 +11,9 @@ use crate::quant::QFormat;
 use crate::st::fp8::{FP8_BLOCK, SCALE_INV_SUFFIX};
 use crate::st::{Checkpoint, SCALE_SUFFIX, TensorMeta};
 
+/// A dense tensor's output format from its name and shape.
+pub(crate) type DenseRule = dyn Fn(&str, &[usize]) -> QFormat;
+
 /// What the planner needs to know about a model family: where routed
 /// experts are, their shapes, and which format every tensor is written in.
 /// Each family builds one ([`ModelSpec::olmoe`], `super::glm::spec`); the
@@ -27,7 +30,7 @@ pub(crate) struct ModelSpec {
     pub expert_format: Vec<QFormat>,
     /// Format of a dense tensor given its name and shape (F32 = kept full
     /// precision; non-matrices must map to F32).
-    pub dense_format: Box<dyn Fn(&str, &[usize]) -> QFormat>,
+    pub dense_format: Box<DenseRule>,
     /// Extra `__metadata__` entries describing the choices.
     pub metadata: Vec<(&'static str, String)>,
 }
