@@ -373,7 +373,7 @@ fn repository_fixtures_convert() {
         if !input.join("config.json").is_file() {
             continue;
         }
-        // This test checks the OLMoE layout; other families have their own.
+        // GLM fixtures are converted in tests/glm_convert.rs.
         let (_, json) = colibri::config::read_json(&input).unwrap();
         if json.get("model_type").and_then(|v| v.as_str()) != Some("olmoe") {
             continue;

@@ -91,6 +91,24 @@ fn greedy_tokens_do_not_depend_on_placement() {
 }
 
 #[test]
+fn glm_greedy_tokens_do_not_depend_on_placement() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // glm-tiny: 2 sparse layers of 8 experts; glm-mtp: 1 sparse layer + MTP.
+    check(
+        &root.join("fixtures/glm-tiny"),
+        &[7, 21, 3, 190, 44, 9],
+        12,
+        SamplingParams::default(),
+    );
+    check(
+        &root.join("fixtures/glm-mtp"),
+        &[5, 17, 3, 150, 99],
+        12,
+        SamplingParams::default(),
+    );
+}
+
+#[test]
 fn seeded_sampling_does_not_depend_on_placement() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let sampling = SamplingParams {

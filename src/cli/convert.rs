@@ -1,4 +1,5 @@
-//! `coli convert`: HF checkpoint → streaming container.
+//! `coli convert`: HF checkpoint (OLMoE, GLM-5, DeepSeek-V3; F32, BF16 or
+//! FP8 e4m3 with block scales) → streaming container.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -15,10 +16,12 @@ pub struct ConvertArgs {
     /// Output container directory (must not exist, or be empty).
     #[arg(long)]
     pub output: PathBuf,
-    /// Routed experts: f32, int8, int4, int4-g64, int2.
+    /// Routed experts: f32, int8 (the default, CONTRACTS.md), int4, int4-gN
+    /// (N in 16..=256; int4-g64 is the usual choice for GLM-5 / DeepSeek-V3),
+    /// int2. The MTP layer of GLM / DeepSeek-V3 never goes below int8.
     #[arg(long, default_value = "int8")]
     pub experts: String,
-    /// Dense matrices: f32, int8, int4.
+    /// Dense matrices: f32, int8, int4 (norms, routers, biases stay F32).
     #[arg(long, default_value = "f32")]
     pub dense: String,
 }

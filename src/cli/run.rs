@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::{EngineArgs, ModelArg, parse_ids};
 use crate::engine::Engine;
+use crate::engine::speculative::{DraftMode, SpecOptions, Speculator};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::StreamDecoder;
 
@@ -35,11 +36,67 @@ pub struct RunArgs {
     /// Print the generated token ids on one line instead of text.
     #[arg(long)]
     pub ids: bool,
+    /// Speculative decoding (greedy only; tokens are identical to plain
+    /// greedy): off, mtp (the model's next-token head; n-gram lookup when it
+    /// has none) or ngram (prompt lookup).
+    #[arg(long, default_value = "off", value_parser = parse_draft)]
+    pub draft: Draft,
+    /// Tokens drafted per verification forward.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=15))]
+    pub draft_k: u64,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
 
+/// `--draft`: off, or where drafts come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Draft(pub Option<DraftMode>);
+
+fn parse_draft(s: &str) -> Result<Draft, String> {
+    match s {
+        "off" => Ok(Draft(None)),
+        "mtp" => Ok(Draft(Some(DraftMode::Mtp))),
+        "ngram" => Ok(Draft(Some(DraftMode::Ngram))),
+        _ => Err(format!("expected off, mtp or ngram, got {s:?}")),
+    }
+}
+
+/// The stderr line summarising a speculative run.
+fn draft_report(spec: &Speculator, engine: &Engine) -> String {
+    let using = match spec.using {
+        Some(DraftMode::Mtp) => "mtp",
+        Some(DraftMode::Ngram) => "ngram",
+        _ => "none",
+    };
+    let mut line = format!(
+        "speculative decoding ({using}, k={}): acceptance {:.1}% ({}/{} drafts), {:.2} tokens/forward ({} tokens in {} forwards)",
+        spec.opts.max_draft,
+        100.0 * spec.acceptance(),
+        spec.accepted,
+        spec.proposed,
+        spec.tokens_per_forward(),
+        spec.tokens,
+        spec.forwards
+    );
+    if spec.opts.mode == DraftMode::Mtp
+        && spec.using == Some(DraftMode::Ngram)
+        && let Err(why) = engine.model.draft_head()
+    {
+        line.push_str(&format!("; no MTP drafts: {why}"));
+    }
+    if let Some(why) = &spec.off {
+        line.push_str(&format!("; {why}"));
+    }
+    line
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    if args.draft.0.is_some() && args.temperature > 0.0 {
+        anyhow::bail!(
+            "--draft needs greedy decoding (--temperature 0, got {}): speculative sampling is not implemented",
+            args.temperature
+        );
+    }
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         anyhow::bail!(
             "--temperature must be a finite number >= 0, got {}",
@@ -61,6 +118,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         anyhow::bail!("the prompt is empty");
     }
     let mut session = engine.new_session();
+    session.spec = args.draft.0.map(|mode| {
+        Speculator::new(SpecOptions {
+            mode,
+            max_draft: args.draft_k as usize,
+            ..SpecOptions::default()
+        })
+    });
     let mut sampler = Sampler::new(SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,
@@ -107,6 +171,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         && let (Some(b), Some(a)) = (before, engine.profile())
     {
         eprint!("{}", crate::engine::profile::report(&stats, &b, &a));
+    }
+    if let Some(spec) = &session.spec {
+        eprintln!("{}", draft_report(spec, &engine));
     }
     let s = engine.stats();
     eprintln!(

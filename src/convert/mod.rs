@@ -1,4 +1,6 @@
-//! `coli convert`: a Hugging Face OLMoE checkpoint to a streaming container.
+//! `coli convert`: a Hugging Face checkpoint (OLMoE, GLM-5 `glm_moe_dsa` or
+//! DeepSeek-V3 `deepseek_v3`; F32, BF16, F16 or FP8 e4m3 with block scales)
+//! to a streaming container.
 //!
 //! The container is one `model.safetensors` (readable by any safetensors
 //! reader) laid out for streaming: dense tensors first, then every routed
@@ -9,6 +11,7 @@
 //! into a temporary directory renamed into place at the very end, so an
 //! interrupted conversion never leaves something that loads.
 
+mod glm;
 pub(crate) mod plan;
 mod writer;
 
@@ -17,11 +20,12 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{ConfigError, OlmoeConfig};
+use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
 use crate::quant::{QFormat, QuantError, quantize_matrix};
+use crate::st::fp8::dequantize_fp8;
 use crate::st::{Checkpoint, Dtype, StError, decode_f32};
 
-pub(crate) use plan::{InputTensor, Job};
+pub(crate) use plan::{InputTensor, Job, ModelSpec};
 
 pub use writer::ALIGN;
 
@@ -93,10 +97,42 @@ pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
     }
 }
 
-/// Converts the OLMoE checkpoint in `input` into a container at `output`
-/// (a directory that must not exist yet, or be empty). The work happens in
-/// `<output>.tmp-<pid>`, renamed to `output` only once complete; on error
-/// the temporary directory is removed.
+/// The family-specific plan inputs for the checkpoint in `input`, chosen by
+/// config.json's `model_type`.
+fn model_spec(input: &Path, experts: QFormat, dense: QFormat) -> Result<ModelSpec, ConvertError> {
+    let (path, json) = read_json(input)?;
+    let model_type = json
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_string();
+    match model_type.as_str() {
+        "olmoe" => Ok(ModelSpec::olmoe(
+            &OlmoeConfig::from_json(&path, json)?,
+            experts,
+            dense,
+        )),
+        "glm_moe_dsa" | "deepseek_v3" => {
+            let cfg = GlmConfig::from_json(&path, json)?;
+            glm::spec(&cfg, &path, experts, dense)
+        }
+        other => Err(ConfigError::ModelType {
+            path,
+            found: other.to_string(),
+        }
+        .into()),
+    }
+}
+
+/// Converts the checkpoint in `input` into a container at `output` (a
+/// directory that must not exist yet, or be empty). The model family comes
+/// from config.json's `model_type`. The work happens in `<output>.tmp-<pid>`,
+/// renamed to `output` only once complete; on error the temporary directory
+/// is removed.
+///
+/// `experts` applies to routed experts and `dense` to the other matrices;
+/// norms, routers and biases stay F32. GLM / DeepSeek-V3 MTP layers never go
+/// below int8 (see [`crate::model::glm::mtp_format`]).
 pub fn convert(
     input: &Path,
     output: &Path,
@@ -104,10 +140,10 @@ pub fn convert(
     dense: QFormat,
     progress: bool,
 ) -> Result<ConvertReport, ConvertError> {
-    let cfg = OlmoeConfig::load(input)?;
+    let model = model_spec(input, experts, dense)?;
     let ck = Checkpoint::open(input)?;
     let inputs = plan::checkpoint_inputs(&ck)?;
-    let jobs = plan::plan(&inputs, ck.dir(), &cfg, experts, dense)?;
+    let jobs = plan::plan(&inputs, ck.dir(), &model)?;
     let copy_side_files = |tmp: &Path| -> Result<(), ConvertError> {
         for name in SIDE_FILES {
             let src = input.join(name);
@@ -126,12 +162,13 @@ pub fn convert(
         dense,
         progress,
         label: "converting",
+        metadata: &model.metadata,
     };
     let bytes = write_container(&spec, &jobs, &CheckpointInput(&ck), &copy_side_files)?;
     Ok(ConvertReport {
         output: output.to_path_buf(),
         tensors: jobs.len(),
-        experts: cfg.num_hidden_layers * cfg.num_experts,
+        experts: model.experts(),
         bytes,
         experts_format: experts,
         dense_format: dense,
@@ -146,10 +183,14 @@ pub(crate) struct ContainerSpec<'a> {
     pub progress: bool,
     /// Progress bar prefix.
     pub label: &'static str,
+    /// `__metadata__` entries beyond format/experts/dense (the family's
+    /// choices, [`ModelSpec::metadata`]).
+    pub metadata: &'a [(&'static str, String)],
 }
 
 /// A job's input values: bytes in the source tensor's dtype (borrowed from a
-/// checkpoint), or values already in f32 (a generator's).
+/// checkpoint), or values already in f32 (a generator's, or FP8 weights
+/// dequantized through their block scales).
 pub(crate) enum JobData<'a> {
     Bytes(&'a [u8]),
     F32(Vec<f32>),
@@ -172,16 +213,34 @@ impl JobInput for CheckpointInput<'_> {
         let src = &job.source;
         let size = plan::dtype_bytes(src.dtype) as usize;
         let all = ck.bytes(&src.tensor)?;
-        src.elem_start
+        let bad = |reason: String| ConvertError::Input {
+            path: ck.dir().to_path_buf(),
+            tensor: job.name.clone(),
+            reason,
+        };
+        let bytes = src
+            .elem_start
             .checked_mul(size)
             .and_then(|a| Some(a..a.checked_add(src.elems.checked_mul(size)?)?))
             .and_then(|r| all.get(r))
-            .map(JobData::Bytes)
-            .ok_or_else(|| ConvertError::Input {
-                path: ck.dir().to_path_buf(),
-                tensor: job.name.clone(),
-                reason: format!("source range lies outside tensor {:?}", src.tensor),
-            })
+            .ok_or_else(|| bad(format!("source range lies outside tensor {:?}", src.tensor)))?;
+        match &src.scale_inv {
+            Some(sname) => {
+                let sinfo = ck.info(sname)?;
+                let scales = decode_f32(sinfo.dtype, ck.bytes(sname)?)?;
+                let [rows, cols] = job.shape[..] else {
+                    return Err(bad(format!(
+                        "an FP8 weight of shape {:?} is not a matrix",
+                        job.shape
+                    )));
+                };
+                let v = dequantize_fp8(&src.tensor, bytes, rows, cols, &scales)
+                    .map_err(|e| e.in_file(ck.dir()))?;
+                Ok(JobData::F32(v))
+            }
+            None if src.dtype == Dtype::F8_E4M3 => Err(bad("F8_E4M3 tensor without block scales".into())),
+            None => Ok(JobData::Bytes(bytes)),
+        }
     }
 
     fn origin(&self) -> &Path {
@@ -274,11 +333,12 @@ fn write_all(
         move |source| ConvertError::Io { path, source }
     };
     let path = tmp.join("model.safetensors");
-    let meta = [
+    let mut meta = vec![
         ("format", "colibri".to_string()),
         ("experts", spec.experts.to_string()),
         ("dense", spec.dense.to_string()),
     ];
+    meta.extend(spec.metadata.iter().cloned());
     let lay = writer::layout(jobs, &meta);
     let total = lay.header.len() as u64 + lay.data_len;
     let bar = progress_bar(spec.progress, total, spec.label);

@@ -9,7 +9,67 @@ use std::path::{Path, PathBuf};
 use super::ConvertError;
 use crate::config::OlmoeConfig;
 use crate::quant::QFormat;
+use crate::st::fp8::{FP8_BLOCK, SCALE_INV_SUFFIX};
 use crate::st::{Checkpoint, SCALE_SUFFIX};
+
+/// A dense tensor's output format from its name and shape.
+pub(crate) type DenseRule = dyn Fn(&str, &[usize]) -> QFormat;
+
+/// What the planner needs to know about a model family: where routed
+/// experts are, their shapes, and which format every tensor is written in.
+/// Each family builds one ([`ModelSpec::olmoe`], `super::glm::spec`); the
+/// planning itself is shared (by `coli convert` and `coli synth`).
+pub(crate) struct ModelSpec {
+    /// One entry per decoder layer that may hold tensors (`model.layers.N.`
+    /// with N beyond it is refused); true where the layer has routed experts.
+    pub expert_layers: Vec<bool>,
+    pub n_experts: usize,
+    pub hidden: usize,
+    /// Rows of an expert's gate/up projection.
+    pub inter: usize,
+    /// Format of each layer's routed experts (indexed like `expert_layers`).
+    pub expert_format: Vec<QFormat>,
+    /// Format of a dense tensor given its name and shape (F32 = kept full
+    /// precision; non-matrices must map to F32).
+    pub dense_format: Box<DenseRule>,
+    /// Extra `__metadata__` entries describing the choices.
+    pub metadata: Vec<(&'static str, String)>,
+}
+
+impl ModelSpec {
+    /// OLMoE: every layer has experts, one format for all of them.
+    pub fn olmoe(cfg: &OlmoeConfig, experts: QFormat, dense: QFormat) -> Self {
+        Self {
+            expert_layers: vec![true; cfg.num_hidden_layers],
+            n_experts: cfg.num_experts,
+            hidden: cfg.hidden_size,
+            inter: cfg.intermediate_size,
+            expert_format: vec![experts; cfg.num_hidden_layers],
+            dense_format: Box::new(move |name, shape| {
+                if keeps_f32(name, shape) {
+                    QFormat::F32
+                } else {
+                    dense
+                }
+            }),
+            metadata: Vec::new(),
+        }
+    }
+
+    /// Routed experts in the whole model.
+    pub fn experts(&self) -> usize {
+        self.expert_layers.iter().filter(|&&x| x).count() * self.n_experts
+    }
+}
+
+/// `model.layers.N.…` -> N.
+pub(crate) fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?
+        .split_once('.')?
+        .0
+        .parse()
+        .ok()
+}
 
 /// One tensor of the input as the planner sees it: a checkpoint's tensor, or
 /// one a generator will produce (`coli synth`). Keeping the planner on this
@@ -59,6 +119,9 @@ pub(crate) struct Source {
     /// First element and element count inside the tensor.
     pub elem_start: usize,
     pub elems: usize,
+    /// The `_scale_inv` block-scale tensor of an `F8_E4M3` weight (consumed,
+    /// never copied: the weight is dequantized through it).
+    pub scale_inv: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -136,6 +199,46 @@ fn is_float(d: Dtype) -> bool {
     matches!(d, Dtype::F32 | Dtype::BF16 | Dtype::F16)
 }
 
+/// Readable as floating point: F32/BF16/F16, or a 2-D F8_E4M3 matrix whose
+/// block scales sit beside it.
+fn is_readable(d: Dtype) -> bool {
+    is_float(d) || d == Dtype::F8_E4M3
+}
+
+/// The `_scale_inv` tensor of an F8_E4M3 matrix, checked: F32/BF16, shape
+/// `[ceil(rows/128), ceil(cols/128)]`.
+fn fp8_scales(
+    by_name: &BTreeMap<&str, &InputTensor>,
+    meta: &InputTensor,
+) -> Result<Option<String>, ConvertError> {
+    if meta.dtype != Dtype::F8_E4M3 {
+        return Ok(None);
+    }
+    let bad = |reason: String| ConvertError::Input {
+        path: meta.path.clone(),
+        tensor: meta.name.clone(),
+        reason,
+    };
+    let [rows, cols] = meta.shape[..] else {
+        return Err(bad(format!(
+            "an F8_E4M3 tensor must be a 2-D matrix, found shape {:?}",
+            meta.shape
+        )));
+    };
+    let sname = format!("{}{SCALE_INV_SUFFIX}", meta.name);
+    let Some(s) = by_name.get(sname.as_str()) else {
+        return Err(bad(format!("F8_E4M3 weight without its block scales {sname:?}")));
+    };
+    let want = vec![rows.div_ceil(FP8_BLOCK), cols.div_ceil(FP8_BLOCK)];
+    if !is_float(s.dtype) || s.shape != want {
+        return Err(bad(format!(
+            "{sname}: expected a float tensor of shape {want:?} ({FP8_BLOCK}x{FP8_BLOCK} blocks), found {} {:?}",
+            s.dtype, s.shape
+        )));
+    }
+    Ok(Some(sname))
+}
+
 const PROJ: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 /// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight` -> (L, E, which).
@@ -167,18 +270,14 @@ fn keeps_f32(name: &str, shape: &[usize]) -> bool {
 }
 
 /// Builds the job list: dense tensors (sorted by name), then experts
-/// layer-major, expert-minor, each gate, up, down.
+/// layer-major, expert-minor, each gate, up, down. `_scale_inv` tensors are
+/// consumed by the FP8 weights they scale.
 /// `inputs` must be sorted by name (dense tensors are written in that order);
 /// `dir` is named in errors about missing tensors.
-pub(crate) fn plan(
-    inputs: &[InputTensor],
-    dir: &Path,
-    cfg: &OlmoeConfig,
-    experts: QFormat,
-    dense: QFormat,
-) -> Result<Vec<Job>, ConvertError> {
-    let (layers, n_exp) = (cfg.num_hidden_layers, cfg.num_experts);
-    let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Result<Vec<Job>, ConvertError> {
+    let (layers, n_exp) = (spec.expert_layers.len(), spec.n_experts);
+    let (h, inter) = (spec.hidden, spec.inter);
+    let by_name: BTreeMap<&str, &InputTensor> = inputs.iter().map(|t| (t.name.as_str(), t)).collect();
     let shapes = [[inter, h], [inter, h], [h, inter]];
     let mut jobs = Vec::new();
     // (layer, expert, which) -> source
@@ -192,17 +291,39 @@ pub(crate) fn plan(
         };
         if name.ends_with(SCALE_SUFFIX) || matches!(meta.dtype, Dtype::U8 | Dtype::I8) {
             return Err(bad(
-                "the input is already quantized; convert needs a full-precision checkpoint".into(),
+                "the input is already quantized; convert needs a full-precision or FP8 checkpoint".into(),
             ));
         }
+        if let Some(weight) = name.strip_suffix(SCALE_INV_SUFFIX) {
+            // Consumed by its weight; an orphan would be silently lost.
+            if !matches!(by_name.get(weight), Some(m) if m.dtype == Dtype::F8_E4M3) {
+                return Err(bad(format!("block scales without an F8_E4M3 tensor {weight:?}")));
+            }
+            continue;
+        }
+        if matches!(meta.dtype, Dtype::F8_E5M2 | Dtype::F8_E8M0) {
+            return Err(bad(format!(
+                "{} weights are not supported (F8_E4M3 with 128x128 block scales is)",
+                meta.dtype
+            )));
+        }
+        if let Some(l) = layer_of(name)
+            && l >= layers
+        {
+            return Err(bad(format!(
+                "layer {l} is beyond the {layers} layers the config declares"
+            )));
+        }
+        let scale_inv = fp8_scales(&by_name, meta)?;
         let elems: usize = meta.shape.iter().product();
         if let Some((l, e, which)) = split_expert(name) {
-            if l >= layers || e >= n_exp {
+            if !spec.expert_layers[l] || e >= n_exp {
                 return Err(bad(format!(
-                    "expert index out of range ({layers} layers, {n_exp} experts)"
+                    "no such routed expert (layer {l} {} routed experts, the model has {n_exp} per layer)",
+                    if spec.expert_layers[l] { "has" } else { "has no" }
                 )));
             }
-            if meta.shape != shapes[which] || !is_float(meta.dtype) {
+            if meta.shape != shapes[which] || !is_readable(meta.dtype) {
                 return Err(bad(format!(
                     "expected a float tensor of shape {:?}, found {} {:?}",
                     shapes[which], meta.dtype, meta.shape
@@ -213,17 +334,20 @@ pub(crate) fn plan(
                 dtype: meta.dtype,
                 elem_start: 0,
                 elems,
+                scale_inv,
             };
-            expert_src.insert((l, e, which), src);
+            if expert_src.insert((l, e, which), src).is_some() {
+                return Err(bad(format!("expert {e} is given both fused and per-expert")));
+            }
         } else if let Some((l, is_down)) = split_fused(name) {
             let want = if is_down {
                 vec![n_exp, h, inter]
             } else {
                 vec![n_exp, 2 * inter, h]
             };
-            if l >= layers || meta.shape != want || !is_float(meta.dtype) {
+            if !spec.expert_layers[l] || meta.shape != want || !is_float(meta.dtype) {
                 return Err(bad(format!(
-                    "expected a float fused expert tensor of shape {want:?} in layer < {layers}, found {} {:?}",
+                    "expected a float fused expert tensor of shape {want:?} in a layer with experts, found {} {:?}",
                     meta.dtype, meta.shape
                 )));
             }
@@ -237,6 +361,7 @@ pub(crate) fn plan(
                         dtype: meta.dtype,
                         elem_start: base,
                         elems: per,
+                        scale_inv: None,
                     };
                     if expert_src.insert((l, e, which), src).is_some() {
                         return Err(bad(format!("expert {e} is given both fused and per-expert")));
@@ -244,16 +369,17 @@ pub(crate) fn plan(
                 }
             }
         } else {
-            let kind = if !is_float(meta.dtype) {
+            let format = (spec.dense_format)(name, &meta.shape);
+            let kind = if !is_readable(meta.dtype) {
                 Kind::Raw
-            } else if keeps_f32(name, &meta.shape) || dense == QFormat::F32 {
+            } else if format == QFormat::F32 || meta.shape.len() != 2 {
                 if meta.dtype == Dtype::F32 {
                     Kind::Raw
                 } else {
                     Kind::F32
                 }
             } else {
-                Kind::Quant(dense)
+                Kind::Quant(format)
             };
             jobs.push(Job {
                 name: name.to_string(),
@@ -262,6 +388,7 @@ pub(crate) fn plan(
                     dtype: meta.dtype,
                     elem_start: 0,
                     elems,
+                    scale_inv,
                 },
                 shape: meta.shape.clone(),
                 kind,
@@ -270,7 +397,7 @@ pub(crate) fn plan(
             });
         }
     }
-    for l in 0..layers {
+    for l in (0..layers).filter(|&l| spec.expert_layers[l]) {
         for e in 0..n_exp {
             for (which, proj) in PROJ.iter().enumerate() {
                 let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight");
@@ -281,7 +408,7 @@ pub(crate) fn plan(
                         tensor: name.clone(),
                         reason: "missing from the input checkpoint".into(),
                     })?;
-                let kind = match experts {
+                let kind = match spec.expert_format[l] {
                     QFormat::F32 if source.dtype == Dtype::F32 => Kind::Raw,
                     QFormat::F32 => Kind::F32,
                     f => Kind::Quant(f),
@@ -337,5 +464,7 @@ mod tests {
         assert!(keeps_f32("model.layers.0.mlp.gate.weight", &[64, 32]));
         assert!(keeps_f32("model.layers.0.self_attn.q_norm.weight", &[32]));
         assert!(!keeps_f32("model.layers.0.self_attn.q_proj.weight", &[32, 32]));
+        assert_eq!(layer_of("model.layers.12.mlp.gate.weight"), Some(12));
+        assert_eq!(layer_of("model.norm.weight"), None);
     }
 }

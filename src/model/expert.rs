@@ -48,7 +48,7 @@ pub struct MatrixSlot {
     pub scales: Option<(usize, usize)>,
 }
 
-/// The piece layout shared by every expert of a model.
+/// The piece layout shared by every expert of one layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExpertLayout {
     pub gate: MatrixSlot,
@@ -56,17 +56,85 @@ pub struct ExpertLayout {
     pub down: MatrixSlot,
 }
 
+/// How the experts of one layer are stored and what full-precision ones
+/// become at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerCodec {
+    pub layout: ExpertLayout,
+    pub want: QFormat,
+}
+
 /// Decodes expert bytes delivered by the runtime: quantized tensors point
 /// into the delivered buffer (no copy); full-precision ones are converted and
 /// quantized to the requested expert format.
+///
+/// Layouts are per layer, not per model, because a container may store some
+/// layers differently: GLM containers keep the MTP layer's experts int8 in an
+/// otherwise int4 file (int4 draft heads collapse acceptance). Within a layer
+/// every expert shares one layout (the loaders check it).
 pub struct ExpertCodec {
-    pub layout: ExpertLayout,
-    pub want: QFormat,
+    /// Indexed by layer; `None` for layers without routed experts.
+    pub layers: Vec<Option<LayerCodec>>,
+}
+
+/// Collects per-layer expert layouts while a loader walks the experts,
+/// refusing an expert stored differently from the first of its layer.
+#[derive(Debug, Default)]
+pub struct LayoutCollector {
+    layers: Vec<Option<ExpertLayout>>,
+}
+
+impl LayoutCollector {
+    pub fn new(layers: usize) -> Self {
+        Self {
+            layers: vec![None; layers],
+        }
+    }
+
+    /// Records expert `key`'s layout; `Err` names the mismatch.
+    pub fn add(&mut self, key: ExpertKey, layout: ExpertLayout) -> Result<(), String> {
+        let slot = self
+            .layers
+            .get_mut(key.layer as usize)
+            .ok_or_else(|| format!("expert {key}: layer out of range"))?;
+        match slot {
+            None => *slot = Some(layout),
+            Some(first) if *first != layout => {
+                return Err(format!(
+                    "expert {key} is stored differently from the first routed expert of its layer \
+                     ({layout:?} vs {first:?})"
+                ));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The codec, with `want(layer)` as each layer's load-time format.
+    /// `Err` when no layer has experts.
+    pub fn finish(self, want: impl Fn(usize) -> QFormat) -> Result<ExpertCodec, String> {
+        if self.layers.iter().all(Option::is_none) {
+            return Err("the model has no routed experts".into());
+        }
+        let layers = self
+            .layers
+            .into_iter()
+            .enumerate()
+            .map(|(l, layout)| {
+                layout.map(|layout| LayerCodec {
+                    layout,
+                    want: want(l),
+                })
+            })
+            .collect();
+        Ok(ExpertCodec { layers })
+    }
 }
 
 impl ExpertCodec {
     fn matrix(
         &self,
+        want: QFormat,
         slot: &MatrixSlot,
         buf: &Arc<AlignedBuf>,
         piece_at: &[usize],
@@ -81,26 +149,29 @@ impl ExpertCodec {
             Some(p) => Some(st::decode_f32(Dtype::F32, store(p)?.as_slice()).map_err(|e| e.to_string())?),
             None => None,
         };
-        st::matrix_from_bytes(
-            "expert", slot.dtype, slot.rows, slot.cols, data, scales, self.want,
-        )
-        .map_err(|e| e.to_string())
+        st::matrix_from_bytes("expert", slot.dtype, slot.rows, slot.cols, data, scales, want)
+            .map_err(|e| e.to_string())
     }
 }
 
 impl ExpertDecoder<ExpertWeights> for ExpertCodec {
-    fn decode(&self, _key: ExpertKey, buf: AlignedBuf, piece_at: &[usize]) -> Result<ExpertWeights, String> {
+    fn decode(&self, key: ExpertKey, buf: AlignedBuf, piece_at: &[usize]) -> Result<ExpertWeights, String> {
         let buf = Arc::new(buf);
-        let l = &self.layout;
+        let lc = self
+            .layers
+            .get(key.layer as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| format!("expert {key}: its layer has no routed experts"))?;
+        let (l, want) = (&lc.layout, lc.want);
         Ok(ExpertWeights {
             gate: self
-                .matrix(&l.gate, &buf, piece_at)
+                .matrix(want, &l.gate, &buf, piece_at)
                 .map_err(|e| format!("gate_proj: {e}"))?,
             up: self
-                .matrix(&l.up, &buf, piece_at)
+                .matrix(want, &l.up, &buf, piece_at)
                 .map_err(|e| format!("up_proj: {e}"))?,
             down: self
-                .matrix(&l.down, &buf, piece_at)
+                .matrix(want, &l.down, &buf, piece_at)
                 .map_err(|e| format!("down_proj: {e}"))?,
         })
     }

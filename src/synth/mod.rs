@@ -20,7 +20,7 @@ pub use spec::{SpecError, SynthSpec};
 use std::path::Path;
 
 use crate::config::OlmoeConfig;
-use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput};
+use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput, ModelSpec};
 
 /// Why a synthetic model could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +62,8 @@ pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertR
     let cfg_path = output.join("config.json");
     let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
     let inputs = spec.inputs(output);
-    let jobs = crate::convert::plan::plan(&inputs, output, &cfg, spec.expert_format, spec.dense_format)?;
+    let model = ModelSpec::olmoe(&cfg, spec.expert_format, spec.dense_format);
+    let jobs = crate::convert::plan::plan(&inputs, output, &model)?;
     let write_config = |tmp: &Path| -> Result<(), ConvertError> {
         let path = tmp.join("config.json");
         let text = serde_json::to_string_pretty(&config).map_err(|e| ConvertError::Io {
@@ -77,13 +78,14 @@ pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertR
         dense: spec.dense_format,
         progress,
         label: "generating",
+        metadata: &model.metadata,
     };
     let generator = Generator { spec, origin: output };
     let bytes = crate::convert::write_container(&container, &jobs, &generator, &write_config)?;
     Ok(ConvertReport {
         output: output.to_path_buf(),
         tensors: jobs.len(),
-        experts: spec.layers * spec.experts,
+        experts: model.experts(),
         bytes,
         experts_format: spec.expert_format,
         dense_format: spec.dense_format,

@@ -10,7 +10,7 @@ use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp
 use crate::config::GlmConfig;
 use crate::config::glm::{IndexerKind, MlaFamily};
 use crate::model::ModelError;
-use crate::model::expert::{ExpertCodec, ExpertLayout, ExpertWeights, MatrixSlot};
+use crate::model::expert::{ExpertCodec, ExpertLayout, ExpertWeights, LayoutCollector, MatrixSlot};
 use crate::model::olmoe::LoadOptions;
 use crate::quant::{QFormat, QMatrix};
 use crate::st::{Checkpoint, SCALE_SUFFIX};
@@ -44,6 +44,18 @@ pub fn mtp_available(cfg: &GlmConfig, ck: &Checkpoint) -> Result<(), String> {
              on save; convert from the original checkpoint to keep them)",
             missing.join(", ")
         ))
+    }
+}
+
+/// The format the MTP layer's matrices get when `requested` is what the
+/// rest of the model gets: never below int8 (f32 and int8 stay as asked;
+/// int4 and int2 become int8), because int4 draft heads collapse draft
+/// acceptance. `coli convert` and load-time quantization share this rule, so
+/// a container and its source quantized at load give the same tokens.
+pub fn mtp_format(requested: QFormat) -> QFormat {
+    match requested {
+        QFormat::F32 | QFormat::Int8 => requested,
+        _ => QFormat::Int8,
     }
 }
 
@@ -163,7 +175,7 @@ fn load_layer(
 
 /// Loads every resident tensor, checking names, shapes and formats. The MTP
 /// module is loaded when the checkpoint has it (see [`mtp_available`]); its
-/// dense matrices use `mtp_format` (int8 by default in converted containers).
+/// full-precision matrices are quantized to [`mtp_format`] of the dense format.
 pub fn load_dense(
     cfg: &GlmConfig,
     ck: &Checkpoint,
@@ -196,6 +208,7 @@ pub fn load_dense(
     };
     let mtp = if with_mtp {
         let l = cfg.num_hidden_layers;
+        let dense = mtp_format(dense);
         let n = |rest: &str| format!("model.layers.{l}.{rest}");
         let indexer = glm && ck.has(&n("self_attn.indexer.wq_b.weight"));
         let head_name = n("shared_head.head.weight");
@@ -240,7 +253,7 @@ pub fn expert_map(
     let sparse = cfg.mlp_sparse().map_err(ModelError::Weights)?;
     let total_layers = cfg.num_hidden_layers + usize::from(with_mtp);
     let mut map = ExpertMap::new(ck.files().to_vec(), total_layers, cfg.n_routed_experts);
-    let mut layout: Option<ExpertLayout> = None;
+    let mut layouts = LayoutCollector::new(total_layers);
     #[allow(clippy::needless_range_loop)]
     for l in 0..total_layers {
         if !sparse.get(l).copied().unwrap_or(true) {
@@ -275,26 +288,21 @@ pub fn expert_map(
                 up: slot("up_proj", inter, h)?,
                 down: slot("down_proj", h, inter)?,
             };
-            match &layout {
-                None => layout = Some(this),
-                Some(first) if *first != this => {
-                    return Err(ModelError::Weights(format!(
-                        "expert {} is stored differently from the first routed expert ({this:?} vs {first:?})",
-                        ExpertKey::new(l as u32, e as u32)
-                    )));
-                }
-                Some(_) => {}
-            }
-            map.set_extent(ExpertKey::new(l as u32, e as u32), ExpertExtent { pieces })
+            let key = ExpertKey::new(l as u32, e as u32);
+            layouts.add(key, this).map_err(ModelError::Weights)?;
+            map.set_extent(key, ExpertExtent { pieces })
                 .map_err(|err| ModelError::Weights(err.to_string()))?;
         }
     }
-    let layout = layout.ok_or_else(|| ModelError::Weights("the model has no routed experts".into()))?;
-    Ok((
-        map,
-        ExpertCodec {
-            layout,
-            want: opts.expert_format,
-        },
-    ))
+    let main_layers = cfg.num_hidden_layers;
+    let codec = layouts
+        .finish(|l| {
+            if l >= main_layers {
+                mtp_format(opts.expert_format)
+            } else {
+                opts.expert_format
+            }
+        })
+        .map_err(ModelError::Weights)?;
+    Ok((map, codec))
 }

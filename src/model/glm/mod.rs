@@ -13,7 +13,7 @@ mod weights;
 
 pub use attention::{ABSORB_MAX_TOKENS, Form, Selection, layer_norm};
 pub use forward::Glm;
-pub use load::{expert_map, load_dense, mtp_available};
+pub use load::{expert_map, load_dense, mtp_available, mtp_format};
 pub use moe::{Routing, route};
 pub use predictor::GlmPredictor;
 pub use state::{Dims, GlmState, LayerCache, MtpCache, Pending};

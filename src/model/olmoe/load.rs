@@ -9,7 +9,7 @@ use colibri_actors::{ExpertExtent, ExpertKey, ExpertMap};
 use super::weights::{DenseWeights, LayerWeights};
 use crate::config::OlmoeConfig;
 use crate::model::ModelError;
-use crate::model::expert::{ExpertCodec, ExpertLayout, MatrixSlot};
+use crate::model::expert::{ExpertCodec, ExpertLayout, LayoutCollector, MatrixSlot};
 use crate::quant::{QFormat, QMatrix};
 use crate::st::{Checkpoint, SCALE_SUFFIX};
 
@@ -88,7 +88,7 @@ fn expert_name(l: usize, e: usize, proj: &str) -> String {
 }
 
 /// The byte ranges of every routed expert, and the codec that decodes them.
-/// Every expert must share one layout (dtypes and sizes), which is checked.
+/// Every expert of a layer must share one layout (dtypes and sizes), which is checked.
 pub fn expert_map(
     cfg: &OlmoeConfig,
     ck: &Checkpoint,
@@ -96,7 +96,7 @@ pub fn expert_map(
 ) -> Result<(ExpertMap, ExpertCodec), ModelError> {
     let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
     let mut map = ExpertMap::new(ck.files().to_vec(), cfg.num_hidden_layers, cfg.num_experts);
-    let mut layout: Option<ExpertLayout> = None;
+    let mut layouts = LayoutCollector::new(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         for e in 0..cfg.num_experts {
             let mut pieces = Vec::with_capacity(6);
@@ -127,27 +127,14 @@ pub fn expert_map(
                 up: slot("up_proj", inter, h)?,
                 down: slot("down_proj", h, inter)?,
             };
-            match &layout {
-                None => layout = Some(this),
-                Some(first) if *first != this => {
-                    return Err(ModelError::Weights(format!(
-                        "expert {} is stored differently from expert L0/E0 ({this:?} vs {first:?})",
-                        ExpertKey::new(l as u32, e as u32)
-                    )));
-                }
-                Some(_) => {}
-            }
-            map.set_extent(ExpertKey::new(l as u32, e as u32), ExpertExtent { pieces })
+            let key = ExpertKey::new(l as u32, e as u32);
+            layouts.add(key, this).map_err(ModelError::Weights)?;
+            map.set_extent(key, ExpertExtent { pieces })
                 .map_err(|err| ModelError::Weights(err.to_string()))?;
         }
     }
-    let layout = layout.ok_or_else(|| ModelError::Weights("the model has no routed experts".into()))?;
-    // Decode one expert up front so a bad layout fails at load, not mid-run.
-    Ok((
-        map,
-        ExpertCodec {
-            layout,
-            want: opts.expert_format,
-        },
-    ))
+    let codec = layouts
+        .finish(|_| opts.expert_format)
+        .map_err(ModelError::Weights)?;
+    Ok((map, codec))
 }
