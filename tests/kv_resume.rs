@@ -105,7 +105,7 @@ fn killed_at_random_moments_the_state_reloads_to_a_consistent_prefix() {
         .collect();
     let dir = state_dir();
     let flag = ["--state-dir", dir.path().to_str().unwrap()];
-    let mut rng = Rng(0xC011_B41);
+    let mut rng = Rng(0x0C01_1B41);
     let start = Instant::now();
     let mut iterations = 0;
     let mut checked = 0;
