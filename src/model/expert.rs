@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 
-use colibri_actors::{AlignedBuf, ExpertDecoder, ExpertKey};
+use colibri_actors::{AlignedBuf, ExpertDecoder, ExpertExtent, ExpertKey};
 use safetensors::Dtype;
 
+use crate::model::ModelError;
 use crate::quant::{ByteStore, QFormat, QMatrix};
-use crate::st;
+use crate::st::{self, Checkpoint, SCALE_SUFFIX};
 
 /// gate / up / down projections of one expert.
 #[derive(Debug)]
@@ -179,4 +180,48 @@ impl ExpertDecoder<ExpertWeights> for ExpertCodec {
     fn resident_bytes(&self, value: &ExpertWeights) -> usize {
         value.resident_bytes()
     }
+}
+
+/// Where one routed SwiGLU expert (`model.layers.L.mlp.experts.E.*`) lives
+/// in a checkpoint: its gate/up/down matrices, each followed by its `.qs`
+/// scales when quantized, as pieces in read order, and the matching layout.
+/// Shared by every family that stores experts under these names.
+pub fn checkpoint_expert(
+    ck: &Checkpoint,
+    key: ExpertKey,
+    hidden: usize,
+    inter: usize,
+) -> Result<(ExpertExtent, ExpertLayout), ModelError> {
+    let mut pieces = Vec::with_capacity(6);
+    let mut slot = |proj: &str, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
+        let name = format!(
+            "model.layers.{}.mlp.experts.{}.{proj}.weight",
+            key.layer, key.expert
+        );
+        let meta = ck.info(&name)?;
+        let data = (pieces.len(), meta.len as usize);
+        pieces.push(ck.piece(&name)?);
+        let qs = format!("{name}{SCALE_SUFFIX}");
+        let scales = if ck.has(&qs) {
+            let m = ck.info(&qs)?;
+            let s = (pieces.len(), m.len as usize);
+            pieces.push(ck.piece(&qs)?);
+            Some(s)
+        } else {
+            None
+        };
+        Ok(MatrixSlot {
+            dtype: meta.dtype,
+            rows,
+            cols,
+            data,
+            scales,
+        })
+    };
+    let layout = ExpertLayout {
+        gate: slot("gate_proj", inter, hidden)?,
+        up: slot("up_proj", inter, hidden)?,
+        down: slot("down_proj", hidden, inter)?,
+    };
+    Ok((ExpertExtent { pieces }, layout))
 }

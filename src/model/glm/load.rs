@@ -4,16 +4,16 @@
 
 use std::sync::Arc;
 
-use colibri_actors::{ExpertExtent, ExpertKey, ExpertMap};
+use colibri_actors::{ExpertKey, ExpertMap};
 
 use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights};
 use crate::config::GlmConfig;
 use crate::config::glm::{IndexerKind, MlaFamily};
 use crate::model::ModelError;
-use crate::model::expert::{ExpertCodec, ExpertLayout, ExpertWeights, LayoutCollector, MatrixSlot};
+use crate::model::expert::{ExpertCodec, ExpertWeights, LayoutCollector, checkpoint_expert};
 use crate::model::olmoe::LoadOptions;
 use crate::quant::{QFormat, QMatrix};
-use crate::st::{Checkpoint, SCALE_SUFFIX};
+use crate::st::Checkpoint;
 
 /// Names of the MTP module's own tensors (besides its decoder layer).
 const MTP_OWN: [&str; 4] = [
@@ -236,10 +236,6 @@ pub fn load_dense(
     })
 }
 
-fn expert_name(l: usize, e: usize, proj: &str) -> String {
-    format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")
-}
-
 /// The byte ranges of every routed expert of the sparse layers (and of the
 /// MTP layer when `with_mtp`), and the codec that decodes them. Every expert
 /// must share one layout (dtypes and sizes), which is checked.
@@ -260,37 +256,10 @@ pub fn expert_map(
             continue;
         }
         for e in 0..cfg.n_routed_experts {
-            let mut pieces = Vec::with_capacity(6);
-            let mut slot = |proj: &str, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
-                let name = expert_name(l, e, proj);
-                let meta = ck.info(&name)?;
-                let data = (pieces.len(), meta.len as usize);
-                pieces.push(ck.piece(&name)?);
-                let qs = format!("{name}{SCALE_SUFFIX}");
-                let scales = if ck.has(&qs) {
-                    let m = ck.info(&qs)?;
-                    let s = (pieces.len(), m.len as usize);
-                    pieces.push(ck.piece(&qs)?);
-                    Some(s)
-                } else {
-                    None
-                };
-                Ok(MatrixSlot {
-                    dtype: meta.dtype,
-                    rows,
-                    cols,
-                    data,
-                    scales,
-                })
-            };
-            let this = ExpertLayout {
-                gate: slot("gate_proj", inter, h)?,
-                up: slot("up_proj", inter, h)?,
-                down: slot("down_proj", h, inter)?,
-            };
             let key = ExpertKey::new(l as u32, e as u32);
-            layouts.add(key, this).map_err(ModelError::Weights)?;
-            map.set_extent(key, ExpertExtent { pieces })
+            let (extent, layout) = checkpoint_expert(ck, key, h, inter)?;
+            layouts.add(key, layout).map_err(ModelError::Weights)?;
+            map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;
         }
     }

@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use colibri_actors::{ExpertExtent, ExpertKey, ExpertMap};
+use colibri_actors::{ExpertKey, ExpertMap};
 
 use super::weights::{DenseWeights, LayerWeights};
 use crate::config::OlmoeConfig;
 use crate::model::ModelError;
-use crate::model::expert::{ExpertCodec, ExpertLayout, LayoutCollector, MatrixSlot};
+use crate::model::expert::{ExpertCodec, LayoutCollector, checkpoint_expert};
 use crate::quant::{QFormat, QMatrix};
-use crate::st::{Checkpoint, SCALE_SUFFIX};
+use crate::st::Checkpoint;
 
 /// Precision choices for full-precision tensors (stored quantized tensors
 /// keep their format).
@@ -83,10 +83,6 @@ pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Resu
     })
 }
 
-fn expert_name(l: usize, e: usize, proj: &str) -> String {
-    format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight")
-}
-
 /// The byte ranges of every routed expert, and the codec that decodes them.
 /// Every expert of a layer must share one layout (dtypes and sizes), which is checked.
 pub fn expert_map(
@@ -99,37 +95,10 @@ pub fn expert_map(
     let mut layouts = LayoutCollector::new(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         for e in 0..cfg.num_experts {
-            let mut pieces = Vec::with_capacity(6);
-            let mut slot = |proj: &str, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
-                let name = expert_name(l, e, proj);
-                let meta = ck.info(&name)?;
-                let data = (pieces.len(), meta.len as usize);
-                pieces.push(ck.piece(&name)?);
-                let qs = format!("{name}{SCALE_SUFFIX}");
-                let scales = if ck.has(&qs) {
-                    let m = ck.info(&qs)?;
-                    let s = (pieces.len(), m.len as usize);
-                    pieces.push(ck.piece(&qs)?);
-                    Some(s)
-                } else {
-                    None
-                };
-                Ok(MatrixSlot {
-                    dtype: meta.dtype,
-                    rows,
-                    cols,
-                    data,
-                    scales,
-                })
-            };
-            let this = ExpertLayout {
-                gate: slot("gate_proj", inter, h)?,
-                up: slot("up_proj", inter, h)?,
-                down: slot("down_proj", h, inter)?,
-            };
             let key = ExpertKey::new(l as u32, e as u32);
-            layouts.add(key, this).map_err(ModelError::Weights)?;
-            map.set_extent(key, ExpertExtent { pieces })
+            let (extent, layout) = checkpoint_expert(ck, key, h, inter)?;
+            layouts.add(key, layout).map_err(ModelError::Weights)?;
+            map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;
         }
     }
