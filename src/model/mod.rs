@@ -6,6 +6,7 @@ pub mod kv_cache;
 pub mod lm;
 pub mod olmoe;
 pub mod ops;
+pub mod routed;
 
 use crate::config::ConfigError;
 use crate::st::StError;

@@ -2,19 +2,14 @@
 //! block: routed experts streamed through the runtime plus resident shared
 //! experts, combined in a fixed order.
 
-use colibri_actors::{ExpertKey, ExpertSource, SourceError, Tag};
+use colibri_actors::{ExpertSource, SourceError, Tag};
 
 use super::weights::MoeWeights;
 use crate::config::GlmConfig;
 use crate::model::expert::ExpertWeights;
 use crate::model::ops::top_k;
-
-/// The experts and weights chosen for one token.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Routing {
-    pub experts: Vec<usize>,
-    pub weights: Vec<f32>,
-}
+pub use crate::model::routed::Routing;
+use crate::model::routed::routed_sum;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -90,48 +85,7 @@ pub fn moe_block(
         })
         .collect();
 
-    let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
-    for (t, r) in routes.iter().enumerate() {
-        for (&e, &wt) in r.experts.iter().zip(&r.weights) {
-            users[e].push((t, wt));
-        }
-    }
-    let wanted: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
-    let keys: Vec<ExpertKey> = wanted
-        .iter()
-        .map(|&e| ExpertKey::new(tag.layer, e as u32))
-        .collect();
-    let mut outputs: Vec<Option<Vec<f32>>> = vec![None; wanted.len()];
-    source.fetch(tag, &keys, &mut |i, expert| {
-        let e = wanted[i];
-        let m = users[e].len();
-        let mut xin = Vec::with_capacity(m * hidden);
-        for &(t, _) in &users[e] {
-            xin.extend_from_slice(&xn[t * hidden..(t + 1) * hidden]);
-        }
-        let mut y = vec![0f32; m * hidden];
-        expert.forward(&xin, m, &mut y);
-        outputs[i] = Some(y);
-        Ok(())
-    })?;
-
-    let mut acc = vec![0f32; n * hidden];
-    for (i, &e) in wanted.iter().enumerate() {
-        let Some(y) = outputs[i].as_ref() else {
-            return Err(SourceError::Shutdown(format!(
-                "expert {e} of layer {} was never delivered",
-                tag.layer
-            )));
-        };
-        for (j, &(t, wt)) in users[e].iter().enumerate() {
-            for (a, &v) in acc[t * hidden..(t + 1) * hidden]
-                .iter_mut()
-                .zip(&y[j * hidden..(j + 1) * hidden])
-            {
-                *a += v * wt;
-            }
-        }
-    }
+    let mut acc = routed_sum(source, tag, &routes, ne, xn, hidden)?;
     if let Some(shared) = &w.shared {
         let mut s = vec![0f32; n * hidden];
         shared.forward(xn, n, &mut s);

@@ -1,19 +1,14 @@
 //! The sparse MoE block: softmax router, top-k, experts fetched through the
 //! runtime, results combined in a fixed order.
 
-use colibri_actors::{ExpertKey, ExpertSource, SourceError, Tag};
+use colibri_actors::{ExpertSource, SourceError, Tag};
 
 use super::weights::LayerWeights;
 use crate::config::OlmoeConfig;
 use crate::model::expert::ExpertWeights;
 use crate::model::ops::{softmax_inplace, top_k};
-
-/// The experts and weights chosen for one token.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Routing {
-    pub experts: Vec<usize>,
-    pub weights: Vec<f32>,
-}
+pub use crate::model::routed::Routing;
+use crate::model::routed::routed_sum;
 
 /// Softmax over all experts, top-k, optional renormalisation (transformers'
 /// OlmoeTopKRouter).
@@ -53,52 +48,7 @@ pub fn moe_block(
         .map(|t| route(cfg, &logits[t * ne..(t + 1) * ne]))
         .collect();
 
-    // Batch union: which tokens use each expert.
-    let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); ne];
-    for (t, r) in routes.iter().enumerate() {
-        for (&e, &wt) in r.experts.iter().zip(&r.weights) {
-            users[e].push((t, wt));
-        }
-    }
-    let wanted: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
-    let keys: Vec<ExpertKey> = wanted
-        .iter()
-        .map(|&e| ExpertKey::new(tag.layer, e as u32))
-        .collect();
-
-    // outputs[i] = the expert wanted[i]'s output rows for its users.
-    let mut outputs: Vec<Option<Vec<f32>>> = vec![None; wanted.len()];
-    source.fetch(tag, &keys, &mut |i, expert| {
-        let e = wanted[i];
-        let _s = tracing::trace_span!("expert_matmul", layer = tag.layer, expert = e).entered();
-        let m = users[e].len();
-        let mut xin = Vec::with_capacity(m * hidden);
-        for &(t, _) in &users[e] {
-            xin.extend_from_slice(&xn[t * hidden..(t + 1) * hidden]);
-        }
-        let mut y = vec![0f32; m * hidden];
-        expert.forward(&xin, m, &mut y);
-        outputs[i] = Some(y);
-        Ok(())
-    })?;
-
-    let mut acc = vec![0f32; n * hidden];
-    for (i, &e) in wanted.iter().enumerate() {
-        let Some(y) = outputs[i].as_ref() else {
-            return Err(SourceError::Shutdown(format!(
-                "expert {} of layer {} was never delivered",
-                e, tag.layer
-            )));
-        };
-        for (j, &(t, wt)) in users[e].iter().enumerate() {
-            for (a, &v) in acc[t * hidden..(t + 1) * hidden]
-                .iter_mut()
-                .zip(&y[j * hidden..(j + 1) * hidden])
-            {
-                *a += v * wt;
-            }
-        }
-    }
+    let acc = routed_sum(source, tag, &routes, ne, xn, hidden)?;
     for (xv, a) in x.iter_mut().zip(&acc) {
         *xv += a;
     }

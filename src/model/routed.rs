@@ -1,0 +1,78 @@
+//! Running a batch's routed experts through the expert source, shared by
+//! every MoE family: whatever the router, the fetch-and-combine step is the
+//! same and must stay deterministic.
+
+use colibri_actors::{ExpertKey, ExpertSource, SourceError, Tag};
+
+use crate::model::expert::ExpertWeights;
+
+/// The experts and weights chosen for one token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// `Σ_k w_k · expert_k(xn_t)` for every token `t` of a batch (`xn` is
+/// `[n, hidden]`), returned as `[n, hidden]`. Each unique expert of the batch
+/// is fetched once (batch union) and run on all its tokens at once; results
+/// are summed per token in ascending expert order, whatever order the
+/// experts arrived in, so placement never changes the numbers.
+pub fn routed_sum(
+    source: &dyn ExpertSource<ExpertWeights>,
+    tag: Tag,
+    routes: &[Routing],
+    num_experts: usize,
+    xn: &[f32],
+    hidden: usize,
+) -> Result<Vec<f32>, SourceError> {
+    let n = routes.len();
+    let mut users: Vec<Vec<(usize, f32)>> = vec![Vec::new(); num_experts];
+    for (t, r) in routes.iter().enumerate() {
+        for (&e, &wt) in r.experts.iter().zip(&r.weights) {
+            if let Some(u) = users.get_mut(e) {
+                u.push((t, wt));
+            }
+        }
+    }
+    let wanted: Vec<usize> = (0..num_experts).filter(|&e| !users[e].is_empty()).collect();
+    let keys: Vec<ExpertKey> = wanted
+        .iter()
+        .map(|&e| ExpertKey::new(tag.layer, e as u32))
+        .collect();
+
+    // outputs[i]: expert wanted[i]'s output rows for its users, in user order.
+    let mut outputs: Vec<Option<Vec<f32>>> = vec![None; wanted.len()];
+    source.fetch(tag, &keys, &mut |i, expert| {
+        let e = wanted[i];
+        let _s = tracing::trace_span!("expert_matmul", layer = tag.layer, expert = e).entered();
+        let m = users[e].len();
+        let mut xin = Vec::with_capacity(m * hidden);
+        for &(t, _) in &users[e] {
+            xin.extend_from_slice(&xn[t * hidden..(t + 1) * hidden]);
+        }
+        let mut y = vec![0f32; m * hidden];
+        expert.forward(&xin, m, &mut y);
+        outputs[i] = Some(y);
+        Ok(())
+    })?;
+
+    let mut acc = vec![0f32; n * hidden];
+    for (i, &e) in wanted.iter().enumerate() {
+        let Some(y) = outputs[i].as_ref() else {
+            return Err(SourceError::Shutdown(format!(
+                "expert {e} of layer {} was never delivered",
+                tag.layer
+            )));
+        };
+        for (j, &(t, wt)) in users[e].iter().enumerate() {
+            for (a, &v) in acc[t * hidden..(t + 1) * hidden]
+                .iter_mut()
+                .zip(&y[j * hidden..(j + 1) * hidden])
+            {
+                *a += v * wt;
+            }
+        }
+    }
+    Ok(acc)
+}
