@@ -400,32 +400,19 @@ impl GlmConfig {
         }
     }
 
+    /// `rope_theta` at the top level (transformers 4) or inside
+    /// `rope_parameters` (transformers 5).
     pub fn rope_theta(&self) -> f64 {
-        self.rope_theta
-            .or_else(|| self.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
-            .unwrap_or(10000.0)
+        super::rope_theta(self.rope_theta, self.rope_parameters.as_ref())
     }
 
     fn rope_kind(&self) -> Option<String> {
-        [&self.rope_parameters, &self.rope_scaling]
-            .into_iter()
-            .flatten()
-            .find_map(|v| {
-                v.get("rope_type")
-                    .or_else(|| v.get("type"))
-                    .and_then(|t| t.as_str())
-                    .map(str::to_string)
-            })
+        super::rope_kind(self.rope_parameters.as_ref(), self.rope_scaling.as_ref())
     }
 
+    /// Token ids that end generation, from `eos_token_id` (a number or a list).
     pub fn eos_ids(&self) -> Vec<u32> {
-        match &self.eos_token_id {
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
-            Some(serde_json::Value::Array(a)) => {
-                a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect()
-            }
-            _ => Vec::new(),
-        }
+        super::token_ids(self.eos_token_id.as_ref())
     }
 }
 

@@ -264,14 +264,7 @@ pub fn stop_ids(dir: &Path, config_eos: Vec<u32>) -> Vec<u32> {
     let from_gen = std::fs::read_to_string(dir.join("generation_config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v.get("eos_token_id").cloned())
-        .map(|v| match v {
-            serde_json::Value::Number(n) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
-            _ => Vec::new(),
-        });
-    match from_gen {
-        Some(ids) if !ids.is_empty() => ids,
-        _ => config_eos,
-    }
+        .map(|v| crate::config::token_ids(v.get("eos_token_id")))
+        .unwrap_or_default();
+    if from_gen.is_empty() { config_eos } else { from_gen }
 }
