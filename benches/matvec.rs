@@ -4,12 +4,14 @@
 //! (`COLI_BENCH_MB` MiB of weights, default 512; `COLI_BENCH_COLS` columns,
 //! default 4096) on one thread and on all threads. The summary prints GB/s of
 //! weight bytes and the ratio to a SIMD sum over a buffer of the same size
-//! with the same thread count, measured in the same run: the target is a ratio
-//! of at least 0.8 for int8 and int4. `COLI_BENCH_KERNELS` (e.g. `avx2`)
-//! runs the matvec cases on another available kernel set; the baseline
-//! always uses the best one.
+//! with the same thread count: the target is a ratio of at least 0.8 for int8
+//! and int4. Shared machines change speed from one second to the next, so the
+//! ratios come from paired passes: `COLI_BENCH_ROUNDS` (default 7) rounds of
+//! one baseline pass then one case pass, back to back, best of each.
+//! Criterion's per-case reports run first; `COLI_BENCH_QUICK=1` skips them.
+//! `COLI_BENCH_KERNELS` (e.g. `avx2`) runs the matvec cases on another
+//! available kernel set; the baseline always uses the best one.
 
-use std::cell::RefCell;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -19,12 +21,18 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
-/// Best seconds per iteration of one case.
+/// Paired figures of one case at one thread count.
 struct Record {
     case: String,
     threads: usize,
+    /// Bytes of weights one pass of the case reads.
     bytes: usize,
+    /// Best seconds of one pass of the case.
     seconds: f64,
+    /// Best seconds of one baseline pass over `base_bytes`, from the rounds
+    /// interleaved with the case's.
+    base_seconds: f64,
+    base_bytes: usize,
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -57,43 +65,71 @@ fn read_all(k: &Kernels, buf: &[u8]) -> u64 {
         .reduce(|| 0, u64::wrapping_add)
 }
 
-/// Runs `f` under `pool` in a criterion bench and records its best time.
-fn run(
-    c: &mut Criterion,
-    records: &RefCell<Vec<Record>>,
-    case: &str,
-    bytes: usize,
-    pools: &[(usize, ThreadPool)],
-    mut f: impl FnMut() + Send,
-) {
-    let mut group = c.benchmark_group(case);
-    group
-        .throughput(Throughput::Bytes(bytes as u64))
-        .sampling_mode(SamplingMode::Flat)
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_millis(1500));
-    for (threads, pool) in pools {
-        let mut best = f64::INFINITY;
-        group.bench_function(format!("{threads}t"), |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    pool.install(&mut f);
-                }
-                let took = start.elapsed();
-                best = best.min(took.as_secs_f64() / iters as f64);
-                took
-            })
-        });
-        records.borrow_mut().push(Record {
-            case: case.to_string(),
-            threads: *threads,
-            bytes,
-            seconds: best,
-        });
+/// Seconds of one call of `f` under `pool`.
+fn time_once(pool: &ThreadPool, f: &mut (impl FnMut() + Send)) -> f64 {
+    let start = Instant::now();
+    pool.install(&mut *f);
+    start.elapsed().as_secs_f64()
+}
+
+/// What the cases share: thread pools, the baseline, criterion, the records.
+struct Bench {
+    c: Criterion,
+    quick: bool,
+    rounds: usize,
+    pools: Vec<(usize, ThreadPool)>,
+    k: Kernels,
+    buf: Vec<u8>,
+    records: Vec<Record>,
+}
+
+impl Bench {
+    /// Criterion's report for `case` (unless quick), then the paired rounds.
+    fn case(&mut self, case: &str, bytes: usize, mut f: impl FnMut() + Send) {
+        if !self.quick {
+            let mut group = self.c.benchmark_group(case);
+            group
+                .throughput(Throughput::Bytes(bytes as u64))
+                .sampling_mode(SamplingMode::Flat)
+                .sample_size(10)
+                .warm_up_time(Duration::from_millis(300))
+                .measurement_time(Duration::from_millis(1500));
+            for (threads, pool) in &self.pools {
+                group.bench_function(format!("{threads}t"), |b| {
+                    b.iter_custom(|iters| {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            pool.install(&mut f);
+                        }
+                        start.elapsed()
+                    })
+                });
+            }
+            group.finish();
+        }
+        let (k, buf) = (self.k, &self.buf);
+        let mut base = || {
+            black_box(read_all(&k, black_box(buf)));
+        };
+        for (threads, pool) in &self.pools {
+            // One unmeasured pass each to fault in pages and warm the pool.
+            time_once(pool, &mut base);
+            time_once(pool, &mut f);
+            let (mut best_base, mut best) = (f64::INFINITY, f64::INFINITY);
+            for _ in 0..self.rounds {
+                best_base = best_base.min(time_once(pool, &mut base));
+                best = best.min(time_once(pool, &mut f));
+            }
+            self.records.push(Record {
+                case: case.to_string(),
+                threads: *threads,
+                bytes,
+                seconds: best,
+                base_seconds: best_base,
+                base_bytes: buf.len(),
+            });
+        }
     }
-    group.finish();
 }
 
 /// A `[rows, cols]` matrix of about `bytes` weight bytes in `format`.
@@ -130,8 +166,6 @@ fn main() {
             )
         })
         .collect();
-    let mut c = Criterion::default().configure_from_args();
-    let records = RefCell::new(Vec::new());
     let k = dispatch();
     let km = std::env::var("COLI_BENCH_KERNELS")
         .ok()
@@ -142,13 +176,15 @@ fn main() {
         km.name,
         Kernels::available().iter().map(|k| k.name).collect::<Vec<_>>()
     );
-
-    {
-        let buf = random_bytes(bytes, 3);
-        run(&mut c, &records, "read-baseline", bytes, &pools, || {
-            black_box(read_all(&k, black_box(&buf)));
-        });
-    }
+    let mut bench = Bench {
+        c: Criterion::default().configure_from_args(),
+        quick: std::env::var("COLI_BENCH_QUICK").is_ok_and(|v| v == "1"),
+        rounds: env_usize("COLI_BENCH_ROUNDS", 7),
+        pools,
+        k,
+        buf: random_bytes(bytes, 3),
+        records: Vec::new(),
+    };
 
     let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
     for (name, format) in [
@@ -159,27 +195,13 @@ fn main() {
     ] {
         let m = matrix(format, bytes, cols);
         let mut y = vec![0f32; m.rows()];
-        run(
-            &mut c,
-            &records,
-            &format!("matvec-{name}"),
-            m.resident_bytes(),
-            &pools,
-            || {
-                m.matvec_with(&km, black_box(&x), &mut y);
-            },
-        );
+        bench.case(&format!("matvec-{name}"), m.resident_bytes(), || {
+            m.matvec_with(&km, black_box(&x), &mut y);
+        });
         if format != QFormat::F32 && km.has_vnni() {
-            run(
-                &mut c,
-                &records,
-                &format!("matvec-q8-{name}"),
-                m.resident_bytes(),
-                &pools,
-                || {
-                    m.matvec_q8_with(&km, black_box(&x), &mut y);
-                },
-            );
+            bench.case(&format!("matvec-q8-{name}"), m.resident_bytes(), || {
+                m.matvec_q8_with(&km, black_box(&x), &mut y);
+            });
         }
         if format == QFormat::Int4 {
             // Prefill: 16 tokens reading each row once. GB/s counts the
@@ -187,38 +209,31 @@ fn main() {
             let n = 16;
             let xs: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.11).cos()).collect();
             let mut ys = vec![0f32; n * m.rows()];
-            run(
-                &mut c,
-                &records,
-                "matmul16-int4",
-                m.resident_bytes() * n,
-                &pools,
-                || {
-                    m.matmul_with(&km, black_box(&xs), n, &mut ys);
-                },
-            );
+            bench.case("matmul16-int4", m.resident_bytes() * n, || {
+                m.matmul_with(&km, black_box(&xs), n, &mut ys);
+            });
         }
     }
-    c.final_summary();
+    bench.c.final_summary();
 
-    let records = records.into_inner();
-    let base = |threads: usize| {
-        records
-            .iter()
-            .find(|r| r.case == "read-baseline" && r.threads == threads)
-            .map(|r| r.bytes as f64 / r.seconds)
-    };
-    println!("\nweights {mb} MiB, {cols} columns, kernels {}", km.name);
-    println!("{:<20} {:>7} {:>10} {:>8}", "case", "threads", "GB/s", "ratio");
-    for r in &records {
-        let gbs = r.bytes as f64 / r.seconds;
-        let ratio = base(r.threads).map(|b| gbs / b).unwrap_or(f64::NAN);
+    println!(
+        "\nweights {mb} MiB, {cols} columns, kernels {}, best of {} paired rounds",
+        km.name, bench.rounds
+    );
+    println!(
+        "{:<20} {:>7} {:>10} {:>10} {:>8}",
+        "case", "threads", "GB/s", "base GB/s", "ratio"
+    );
+    for r in &bench.records {
+        let gbs = r.bytes as f64 / r.seconds / 1e9;
+        let base = r.base_bytes as f64 / r.base_seconds / 1e9;
         println!(
-            "{:<20} {:>7} {:>10.2} {:>8.3}",
+            "{:<20} {:>7} {:>10.2} {:>10.2} {:>8.3}",
             r.case,
             r.threads,
-            gbs / 1e9,
-            ratio
+            gbs,
+            base,
+            gbs / base
         );
     }
 }

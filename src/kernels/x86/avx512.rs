@@ -21,7 +21,11 @@ use crate::quant::QFormat;
 const W: usize = 16;
 
 /// How far ahead of the current chunk the weights are prefetched, in bytes.
-const PREFETCH: usize = 2048;
+/// One memory latency's worth of the int4 kernel's ~15 GB/s in-cache pace
+/// with room to spare: at 2048 the int4 matvec streamed at 0.79-0.80 of the
+/// read baseline on the reference machine, at 4096 at 0.84-0.86, and 8192
+/// was no better (benches/matvec.rs, paired rounds).
+const PREFETCH: usize = 4096;
 
 /// Turns packed weights into f32 vectors.
 trait Unpack {
@@ -215,7 +219,7 @@ unsafe fn row_dot<U: Unpack, const T: usize, const G: bool>(
             for k in 0..4 {
                 for t in 0..T {
                     let x = _mm512_loadu_ps(xs[t].add(W * (c + k)));
-                    acc[t][k] = _mm512_fmadd_ps(w[k], x, acc[t][k]);
+                    acc[t][k % 4] = _mm512_fmadd_ps(w[k], x, acc[t][k % 4]);
                 }
             }
             c += 4;
@@ -301,16 +305,20 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
     );
     let mut acc = [[_mm512_setzero_ps(); 4]; T];
     let (mut gi, mut left) = (0usize, 0usize);
-    // SAFETY (whole body): blocks below `full`, plus 3 bytes, lie inside the
+    let mut b = 0;
+    // SAFETY (both loops): blocks below `full`, plus 3 bytes, lie inside the
     // row's `nbytes`, and later ones are loaded masked to it (masked loads do
-    // not fault on the bytes they skip); activation offsets
-    // stay inside the `nblocks` prepared blocks; scale loads are masked to
-    // the row's scales.
+    // not fault on the bytes they skip); activation offsets stay inside the
+    // `nblocks` prepared blocks; scale loads are masked to the row's scales.
     unsafe {
-        for b in 0..nblocks {
+        // Loading at byte offset `m` brings byte `4i + m` (nibbles 2m and
+        // 2m + 1) to the bottom of lane `i`: the load ports do the byte
+        // shifts, a 4-bit shift the rest. The main loop has no masks to
+        // compute, so no scalar work competes with the vector ports.
+        while b < full {
             let src = p.add(64 * b);
             // A hint only: never faults, so it may point past the row.
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * b + PREFETCH).cast());
+            _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH).cast());
             if MODE == 1 {
                 if left == 0 {
                     tab = _mm512_mul_ps(table, _mm512_set1_ps(scales[gi]));
@@ -319,63 +327,38 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
                 }
                 left -= 1;
             }
-            // Loading at byte offset `m` brings byte `4i + m` (nibbles 2m
-            // and 2m + 1) to the bottom of lane `i`: the load ports do the
-            // byte shifts, a 4-bit shift the rest.
-            let v = if b < full {
-                [
-                    _mm512_loadu_si512(src.cast()),
-                    _mm512_loadu_si512(src.add(1).cast()),
-                    _mm512_loadu_si512(src.add(2).cast()),
-                    _mm512_loadu_si512(src.add(3).cast()),
-                ]
-            } else {
-                let left = nbytes - 64 * b;
-                let m = |o: usize| match left.saturating_sub(o) {
-                    n @ 0..64 => (1u64 << n) - 1,
-                    _ => u64::MAX,
-                };
-                [
-                    _mm512_maskz_loadu_epi8(m(0), src.cast()),
-                    _mm512_maskz_loadu_epi8(m(1), src.add(1).cast()),
-                    _mm512_maskz_loadu_epi8(m(2), src.add(2).cast()),
-                    _mm512_maskz_loadu_epi8(m(3), src.add(3).cast()),
-                ]
-            };
-            let w = [
-                _mm512_permutexvar_ps(v[0], tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[0]), tab),
-                _mm512_permutexvar_ps(v[1], tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[1]), tab),
-                _mm512_permutexvar_ps(v[2], tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[2]), tab),
-                _mm512_permutexvar_ps(v[3], tab),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[3]), tab),
+            let v = [
+                _mm512_loadu_si512(src.cast()),
+                _mm512_loadu_si512(src.add(1).cast()),
+                _mm512_loadu_si512(src.add(2).cast()),
+                _mm512_loadu_si512(src.add(3).cast()),
             ];
-            let xo = NIB_BLOCK * b;
-            if MODE == 2 {
-                let first = b * per;
-                let n = per.min(scales.len() - first);
-                let m = ((1u32 << n) - 1) as __mmask16;
-                let sv = _mm512_permutexvar_ps(rel, _mm512_maskz_loadu_ps(m, scales.as_ptr().add(first)));
-                for t in 0..T {
-                    let x = xs[t].add(xo);
-                    let mut e = _mm512_mul_ps(w[0], _mm512_loadu_ps(x));
-                    let mut o = _mm512_mul_ps(w[1], _mm512_loadu_ps(x.add(W)));
-                    for k in (2..8).step_by(2) {
-                        e = _mm512_fmadd_ps(w[k], _mm512_loadu_ps(x.add(W * k)), e);
-                        o = _mm512_fmadd_ps(w[k + 1], _mm512_loadu_ps(x.add(W * k + W)), o);
-                    }
-                    acc[t][0] = _mm512_fmadd_ps(_mm512_add_ps(e, o), sv, acc[t][0]);
+            nib_block::<T, MODE>(v, tab, b, per, rel, scales, &xs, &mut acc);
+            b += 1;
+        }
+        while b < nblocks {
+            let src = p.add(64 * b);
+            if MODE == 1 {
+                if left == 0 {
+                    tab = _mm512_mul_ps(table, _mm512_set1_ps(scales[gi]));
+                    gi += 1;
+                    left = group_blocks;
                 }
-            } else {
-                for k in 0..8 {
-                    for t in 0..T {
-                        let x = _mm512_loadu_ps(xs[t].add(xo + W * k));
-                        acc[t][k % 4] = _mm512_fmadd_ps(w[k], x, acc[t][k % 4]);
-                    }
-                }
+                left -= 1;
             }
+            let left_bytes = nbytes - 64 * b;
+            let m = |o: usize| match left_bytes.saturating_sub(o) {
+                n @ 0..64 => (1u64 << n) - 1,
+                _ => u64::MAX,
+            };
+            let v = [
+                _mm512_maskz_loadu_epi8(m(0), src.cast()),
+                _mm512_maskz_loadu_epi8(m(1), src.add(1).cast()),
+                _mm512_maskz_loadu_epi8(m(2), src.add(2).cast()),
+                _mm512_maskz_loadu_epi8(m(3), src.add(3).cast()),
+            ];
+            nib_block::<T, MODE>(v, tab, b, per, rel, scales, &xs, &mut acc);
+            b += 1;
         }
     }
     let mut out = [0f32; T];
@@ -385,6 +368,64 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
         out[t] = _mm512_reduce_add_ps(s) * scale;
     }
     out
+}
+
+/// One 64-byte block of the nibble kernel: `v` are the block's bytes loaded
+/// at offsets 0..=3, `tab` the (scaled) lookup table.
+///
+/// # Safety
+/// Each `xs[t]` holds block `b`'s 128 prepared values; in mode 2 `scales`
+/// holds the row's scales.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn nib_block<const T: usize, const MODE: u8>(
+    v: [__m512i; 4],
+    tab: __m512,
+    b: usize,
+    per: usize,
+    rel: __m512i,
+    scales: &[f32],
+    xs: &[*const f32; T],
+    acc: &mut [[__m512; 4]; T],
+) {
+    let w = [
+        _mm512_permutexvar_ps(v[0], tab),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[0]), tab),
+        _mm512_permutexvar_ps(v[1], tab),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[1]), tab),
+        _mm512_permutexvar_ps(v[2], tab),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[2]), tab),
+        _mm512_permutexvar_ps(v[3], tab),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v[3]), tab),
+    ];
+    let xo = NIB_BLOCK * b;
+    // SAFETY: the caller's contract bounds every activation and scale read.
+    unsafe {
+        if MODE == 2 {
+            let first = b * per;
+            let n = per.min(scales.len() - first);
+            let m = ((1u32 << n) - 1) as __mmask16;
+            let sv = _mm512_permutexvar_ps(rel, _mm512_maskz_loadu_ps(m, scales.as_ptr().add(first)));
+            for t in 0..T {
+                let x = xs[t].add(xo);
+                let mut e = _mm512_mul_ps(w[0], _mm512_loadu_ps(x));
+                let mut o = _mm512_mul_ps(w[1], _mm512_loadu_ps(x.add(W)));
+                for k in (2..8).step_by(2) {
+                    e = _mm512_fmadd_ps(w[k], _mm512_loadu_ps(x.add(W * k)), e);
+                    o = _mm512_fmadd_ps(w[k + 1], _mm512_loadu_ps(x.add(W * k + W)), o);
+                }
+                acc[t][0] = _mm512_fmadd_ps(_mm512_add_ps(e, o), sv, acc[t][0]);
+            }
+        } else {
+            for k in 0..8 {
+                for t in 0..T {
+                    let x = _mm512_loadu_ps(xs[t].add(xo + W * k));
+                    acc[t][k % 4] = _mm512_fmadd_ps(w[k], x, acc[t][k % 4]);
+                }
+            }
+        }
+    }
 }
 
 /// The nibble kernel for an int4 row, when every token's activations were
