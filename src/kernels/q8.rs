@@ -9,8 +9,11 @@
 //!
 //! where a segment is a run of columns sharing activation block `b` and weight
 //! scale group `g`, the integer sums are exact and `d_b × s_g` is one f32
-//! product. Implementations may only differ in the order the f32 segment
-//! values are added. F32 weight rows use `w_j × (q_j × d_b)` in f32.
+//! product. That is the scalar reference; the SIMD kernels cut segments into
+//! smaller exact integer runs (16 lanes of a 64-byte weight chunk) and may
+//! apply a row scale once at the end, so they differ from it only in f32
+//! rounding, in an order fixed by the row's length. F32 weight rows use
+//! `w_j × (q_j × d_b)` in f32.
 
 use super::RowRef;
 use super::scalar::unpack;
@@ -20,13 +23,118 @@ use crate::quant::QFormat;
 pub const Q8_BLOCK: usize = 64;
 
 /// An activation vector quantized to int8 per block of 64 columns, padded
-/// with zeros to a whole number of blocks.
+/// with zeros to a whole number of blocks; optionally also laid out for the
+/// integer SIMD kernels of one weight packing ([`QActs::quantize_for`]).
 #[derive(Clone, Debug)]
 pub struct QActs {
     cols: usize,
     q: Vec<i8>,
     d: Vec<f32>,
-    lane_sums: Vec<i32>,
+    lanes: Option<Lanes>,
+}
+
+/// Columns per weight byte of a packed format (1 int8, 2 int4, 4 int2).
+fn pack_of(format: QFormat) -> Option<usize> {
+    match format {
+        QFormat::Int8 => Some(1),
+        QFormat::Int4 | QFormat::Int4Grouped { .. } => Some(2),
+        QFormat::Int2 => Some(4),
+        QFormat::F32 => None,
+    }
+}
+
+/// A zeroed buffer whose first element sits on a 64-byte boundary, so the
+/// kernels' 64-byte loads never split a cache line.
+#[derive(Clone, Debug)]
+pub(crate) struct Aligned<T> {
+    buf: Vec<T>,
+    off: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    fn zeroed(len: usize) -> Self {
+        let spare = 64 / size_of::<T>();
+        let buf = vec![T::default(); len + spare];
+        let off = buf.as_ptr().align_offset(64).min(spare);
+        Self { buf, off, len }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[T] {
+        &self.buf[self.off..self.off + self.len]
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.buf[self.off..self.off + self.len]
+    }
+}
+
+/// The activations as the integer kernels read them against weights
+/// packed `pack` columns to a byte. The row is cut in chunks of
+/// `64 * pack` columns (64 weight bytes); a chunk's weight bytes are read
+/// as 16 lanes of 4 bytes, lane `i` holding the chunk's columns
+/// `4 pack i .. 4 pack (i + 1)`.
+#[derive(Clone, Debug)]
+pub(crate) struct Lanes {
+    /// Columns per weight byte.
+    pub(crate) pack: usize,
+    /// Per chunk, `pack` planes of 64 values: byte `j` of plane `k` is the
+    /// value of column `pack j + k`, the one that meets field `k` of weight
+    /// byte `j`.
+    pub(crate) planes: Aligned<i8>,
+    /// Per chunk, per lane: `-offset × Σ q` over the lane's columns, where
+    /// the kernels read weight `w` as the unsigned `w + offset` (128 for
+    /// int8, 8 for int4, 2 for int2). Starting a lane from it leaves the
+    /// exact `Σ w q` of its columns.
+    pub(crate) corr: Aligned<i32>,
+    /// Per chunk, per lane: the scale of the activation block holding the
+    /// lane's columns (0 past the end).
+    pub(crate) dvec: Aligned<f32>,
+}
+
+impl Lanes {
+    fn new(q: &[i8], d: &[f32], cols: usize, pack: usize) -> Self {
+        let chunk = 64 * pack;
+        let chunks = cols.div_ceil(chunk);
+        let offset = match pack {
+            1 => 128,
+            2 => 8,
+            _ => 2,
+        };
+        let mut planes = Aligned::<i8>::zeroed(chunks * chunk);
+        let mut corr = Aligned::<i32>::zeroed(chunks * 16);
+        let mut dvec = Aligned::<f32>::zeroed(chunks * 16);
+        {
+            let (pl, co, dv) = (planes.as_mut_slice(), corr.as_mut_slice(), dvec.as_mut_slice());
+            for c in 0..chunks {
+                for j in 0..64 {
+                    for k in 0..pack {
+                        let col = c * chunk + pack * j + k;
+                        let v = q.get(col).copied().unwrap_or(0);
+                        pl[c * chunk + 64 * k + j] = v;
+                        co[16 * c + j / 4] -= offset * v as i32;
+                    }
+                }
+                for (i, slot) in dv[16 * c..16 * c + 16].iter_mut().enumerate() {
+                    *slot = d
+                        .get((c * chunk + 4 * pack * i) / Q8_BLOCK)
+                        .copied()
+                        .unwrap_or(0.0);
+                }
+            }
+        }
+        Self {
+            pack,
+            planes,
+            corr,
+            dvec,
+        }
+    }
+
+    /// Chunks of `64 * pack` columns.
+    pub(crate) fn chunks(&self) -> usize {
+        self.dvec.len / 16
+    }
 }
 
 impl QActs {
@@ -46,16 +154,21 @@ impl QActs {
                 }
             }
         }
-        let lane_sums = q
-            .chunks_exact(4)
-            .map(|c| c.iter().map(|&v| v as i32).sum())
-            .collect();
         Self {
             cols: x.len(),
             q,
             d,
-            lane_sums,
+            lanes: None,
         }
+    }
+
+    /// [`QActs::quantize`], plus the layout the integer SIMD kernels want
+    /// for rows in `format`: prepare once per matvec, then every row of that
+    /// format takes the fast path. The values are the same either way.
+    pub fn quantize_for(format: QFormat, x: &[f32]) -> Self {
+        let mut a = Self::quantize(x);
+        a.lanes = pack_of(format).map(|pack| Lanes::new(&a.q, &a.d, a.cols, pack));
+        a
     }
 
     /// Logical length (before padding).
@@ -73,10 +186,10 @@ impl QActs {
         &self.d
     }
 
-    /// Sum of each run of 4 quantized values (the SIMD path's offset
-    /// correction).
-    pub(crate) fn lane_sums(&self) -> &[i32] {
-        &self.lane_sums
+    /// The SIMD layout, when it was built for rows packed `pack` columns to
+    /// a byte.
+    pub(crate) fn lanes(&self, pack: usize) -> Option<&Lanes> {
+        self.lanes.as_ref().filter(|l| l.pack == pack)
     }
 }
 
@@ -127,7 +240,6 @@ mod tests {
             assert!((a.values()[j] as f32 * d - v).abs() <= d * 0.5 + 1e-6, "col {j}");
         }
         assert!(a.values()[150..].iter().all(|&v| v == 0));
-        assert_eq!(a.lane_sums().len(), 48);
     }
 
     #[test]

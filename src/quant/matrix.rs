@@ -201,7 +201,7 @@ impl QMatrix {
     pub fn matvec_q8_with(&self, k: &Kernels, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
-        let a = QActs::quantize(x);
+        let a = QActs::quantize_for(self.format, x);
         y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
             for (i, yv) in ys.iter_mut().enumerate() {
                 *yv = k.dot_q8(&self.row_ref(c * ROWS_PER_TASK + i), &a);

@@ -1,133 +1,241 @@
 //! AVX512-VNNI integer dot products against int8-quantized activations.
 //!
-//! One activation block (64 columns) per step: the weights are turned into
-//! unsigned bytes `u = w + o` (int8: xor 0x80, o = 128; int4: the raw nibble,
-//! o = 8; int2: the raw field, o = 2), `vpdpbusd` adds `u × q` in 16 lanes of
-//! 4 columns, starting from `-o × (sum of those 4 q)` so every lane holds the
-//! exact integer `Σ w q` of its 4 columns. The lanes are converted to f32 and
-//! multiplied-added with the block's factor `d_b × s_g` into two alternating
-//! accumulators, which are summed and reduced at the end.
+//! A row is read in chunks of 64 weight bytes (64 int8, 128 int4 or 256 int2
+//! columns) against activations laid out for that packing by
+//! [`QActs::quantize_for`]. Each field of the chunk's bytes is brought to an
+//! unsigned byte `u = w + offset` (int8: xor 0x80; int4, int2: the raw
+//! field) and `vpdpbusd` multiplies it with the matching activation plane,
+//! starting every 32-bit lane from the prepared `-offset × Σ q` of its
+//! columns: a lane then holds the exact integer `Σ w q` of its `4 × pack`
+//! columns, which all lie in one activation block. The lanes are converted
+//! to f32 and multiplied-added with their block's scale (times the weight
+//! scale of their group, for grouped rows) into two alternating
+//! accumulators; a row scale is applied once after the reduction.
+//!
+//! Per chunk that is two to seven integer instructions, one conversion and
+//! one multiply-add: far less work per weight byte than the f32 kernels, so
+//! the pass runs at the memory's pace with room to spare.
 
 use core::arch::x86_64::*;
 use core::ptr;
 
+use super::{NibGroups, nib_groups};
 use crate::kernels::RowRef;
-use crate::kernels::q8::{Q8_BLOCK, QActs, dot_ref};
+use crate::kernels::q8::{Lanes, QActs, dot_ref};
 use crate::quant::QFormat;
 
-/// How far ahead of the current block the weights are prefetched, in bytes.
-const PREFETCH: usize = 2048;
+/// How far ahead of the current chunk the weights are prefetched, in bytes.
+const PREFETCH: usize = 4096;
 
-/// Turns one block of packed weights into 64 unsigned bytes.
-trait Bytes64 {
-    /// Packed bytes per 64 columns.
-    const BYTES: usize;
-    /// log2 of the offset `o` added to each weight.
-    const SHIFT: u32;
-    /// Unsigned weights of block `b`; its bytes lie in the row.
-    unsafe fn load(p: *const u8, b: usize) -> __m512i;
+/// How the weight scales of a row apply to a chunk's lanes.
+#[derive(Clone, Copy)]
+enum Scaling {
+    /// One scale for the row, applied after the reduction.
+    Row(f32),
+    /// Groups of whole activation blocks: lanes 0..8 and 8..16 each take
+    /// the scale of their half's group (`group` columns per scale).
+    Halves { group: usize },
+    /// Groups of `8 << shift` columns: lane `i` takes the chunk's scale
+    /// `i >> shift`, `per` scales per chunk.
+    Narrow { shift: u32, per: usize },
 }
 
-struct I8;
-struct I4;
-struct I2;
-
-impl Bytes64 for I8 {
-    const BYTES: usize = 64;
-    const SHIFT: u32 = 7;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn load(p: *const u8, b: usize) -> __m512i {
-        // SAFETY: the caller guarantees the block's 64 bytes are readable.
-        let v = unsafe { _mm512_loadu_si512(p.add(64 * b).cast()) };
-        _mm512_xor_si512(v, _mm512_set1_epi8(i8::MIN))
-    }
-}
-
-impl Bytes64 for I4 {
-    const BYTES: usize = 32;
-    const SHIFT: u32 = 3;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn load(p: *const u8, b: usize) -> __m512i {
-        // SAFETY: the caller guarantees the block's 32 bytes are readable.
-        let v = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(p.add(32 * b).cast()) });
-        _mm512_and_si512(
-            _mm512_or_si512(v, _mm512_slli_epi16::<4>(v)),
-            _mm512_set1_epi16(0x0F0F),
-        )
-    }
-}
-
-impl Bytes64 for I2 {
-    const BYTES: usize = 16;
-    const SHIFT: u32 = 1;
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn load(p: *const u8, b: usize) -> __m512i {
-        // SAFETY: the caller guarantees the block's 16 bytes are readable.
-        let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.add(16 * b).cast()) });
-        // Byte k's four fields land in the four bytes of 32-bit lane k.
-        let t = _mm512_or_si512(
-            _mm512_or_si512(v, _mm512_slli_epi32::<6>(v)),
-            _mm512_or_si512(_mm512_slli_epi32::<12>(v), _mm512_slli_epi32::<18>(v)),
-        );
-        _mm512_and_si512(t, _mm512_set1_epi32(0x0303_0303))
-    }
-}
-
+/// `Σ w q` of the chunk's 16 lanes, starting from `corr`.
+///
 /// # Safety
-/// `p` holds `nbytes` bytes laid out for `U` for `a.cols()` columns; with `G`,
-/// `group` is a positive multiple of 64 and `scales` has one entry per group,
-/// else `scales[0]` is the row scale.
+/// `planes` holds the chunk's `PACK` planes of 64 values.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn row_dot<U: Bytes64, const G: bool>(
+unsafe fn chunk_lanes<const PACK: usize>(v: __m512i, planes: *const i8, corr: __m512i) -> __m512i {
+    // SAFETY: the caller guarantees the planes are readable.
+    unsafe {
+        let plane = |k: usize| _mm512_loadu_si512(planes.add(64 * k).cast());
+        match PACK {
+            1 => _mm512_dpbusd_epi32(corr, _mm512_xor_si512(v, _mm512_set1_epi8(i8::MIN)), plane(0)),
+            2 => {
+                let m = _mm512_set1_epi8(0x0F);
+                let lo = _mm512_and_si512(v, m);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo, plane(0)), hi, plane(1))
+            }
+            _ => {
+                let m = _mm512_set1_epi8(0x03);
+                let f0 = _mm512_and_si512(v, m);
+                let f1 = _mm512_and_si512(_mm512_srli_epi16::<2>(v), m);
+                let f2 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+                let f3 = _mm512_and_si512(_mm512_srli_epi16::<6>(v), m);
+                let a = _mm512_dpbusd_epi32(corr, f0, plane(0));
+                let a = _mm512_dpbusd_epi32(a, f1, plane(1));
+                let a = _mm512_dpbusd_epi32(a, f2, plane(2));
+                _mm512_dpbusd_epi32(a, f3, plane(3))
+            }
+        }
+    }
+}
+
+/// Walks a grouped row's scales chunk by chunk, so the loop does no
+/// division: `Halves` counts 64-column halves into their groups, `Narrow`
+/// steps `per` scales a chunk.
+struct ScaleWalk<'a> {
+    scales: &'a [f32],
+    scaling: Scaling,
+    rel: __m512i,
+    /// Halves: halves per group, group of the next half, halves left in it.
+    halves: usize,
+    group: usize,
+    left: usize,
+    /// Narrow: first scale of the next chunk.
+    first: usize,
+}
+
+impl<'a> ScaleWalk<'a> {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn new(scales: &'a [f32], scaling: Scaling) -> Self {
+        let (halves, shift) = match scaling {
+            Scaling::Halves { group } => (group / 64, 0),
+            Scaling::Narrow { shift, .. } => (0, shift),
+            Scaling::Row(_) => (0, 0),
+        };
+        let rel = _mm512_srlv_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(shift as i32),
+        );
+        Self {
+            scales,
+            scaling,
+            rel,
+            halves,
+            group: 0,
+            left: halves,
+            first: 0,
+        }
+    }
+
+    /// Scale of the next 64-column half.
+    #[inline]
+    fn next_half(&mut self) -> f32 {
+        if self.left == 0 {
+            self.group += 1;
+            self.left = self.halves;
+        }
+        self.left -= 1;
+        // Past the row's last group only padding remains (zero lanes).
+        self.scales[self.group.min(self.scales.len() - 1)]
+    }
+
+    /// The next chunk's lane factors: its activation block scales `dv`
+    /// times the weight scales of the lanes' groups.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn next(&mut self, dv: __m512) -> __m512 {
+        match self.scaling {
+            Scaling::Row(_) => dv,
+            Scaling::Halves { .. } => {
+                let (lo, hi) = (self.next_half(), self.next_half());
+                // Two broadcasts joined as 256-bit halves (AVX-512F only;
+                // the f32x8 insert would need AVX-512DQ).
+                let sv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castps_pd(_mm512_set1_ps(lo)),
+                    _mm256_castps_pd(_mm256_set1_ps(hi)),
+                ));
+                _mm512_mul_ps(dv, sv)
+            }
+            Scaling::Narrow { per, .. } => {
+                let first = self.first;
+                self.first += per;
+                let p = self.scales.as_ptr().wrapping_add(first);
+                let raw = if first + 16 <= self.scales.len() {
+                    // SAFETY: 16 scales from `first` lie inside the row's.
+                    unsafe { _mm512_loadu_ps(p) }
+                } else {
+                    let n = per.min(self.scales.len().saturating_sub(first));
+                    let m = ((1u32 << n) - 1) as __mmask16;
+                    // SAFETY: masked to the `n` scales left in the row;
+                    // masked-off lanes are not read.
+                    unsafe { _mm512_maskz_loadu_ps(m, p) }
+                };
+                _mm512_mul_ps(dv, _mm512_permutexvar_ps(self.rel, raw))
+            }
+        }
+    }
+}
+
+/// `row · x̂` over `nbytes` weight bytes at `p` packed `PACK` columns to a
+/// byte. `ROW`: `scaling` is [`Scaling::Row`] (the loop then has no scale
+/// work at all).
+///
+/// # Safety
+/// `p` holds `nbytes` readable bytes, `l` was built for `PACK` from
+/// activations of the row's length, and the scales `scaling` reads exist.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn row_dot<const PACK: usize, const ROW: bool>(
     p: *const u8,
     nbytes: usize,
     scales: &[f32],
-    group: usize,
-    a: &QActs,
+    scaling: Scaling,
+    l: &Lanes,
 ) -> f32 {
-    let cols = a.cols();
-    let blocks = cols.div_ceil(Q8_BLOCK);
-    let full = cols / Q8_BLOCK;
-    let (q, d, ls) = (a.values().as_ptr(), a.block_scales(), a.lane_sums().as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 2];
-    for b in 0..blocks {
-        // A hint only: never faults, so it may point past the row.
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(b * U::BYTES + PREFETCH).cast());
-        // SAFETY: blocks below `full` lie inside the row; the last, partial
-        // one is copied into a zeroed local buffer. `q` and `ls` are padded
-        // to whole blocks.
-        let (w, x, sums) = unsafe {
-            let w = if b < full {
-                U::load(p, b)
+    let chunks = l.chunks();
+    let full = (nbytes / 64).min(chunks);
+    let (planes, corr, dvec) = (
+        l.planes.as_slice().as_ptr(),
+        l.corr.as_slice().as_ptr(),
+        l.dvec.as_slice().as_ptr(),
+    );
+    let mut walk = ScaleWalk::new(scales, scaling);
+    // `f(c) · lanes(c)` for a chunk whose bytes are `v`.
+    let mut term = |c: usize, v: __m512i| {
+        // SAFETY: `l` holds `chunks` chunks of planes, corrections and
+        // block scales, and `c < chunks`.
+        unsafe {
+            let lanes = chunk_lanes::<PACK>(
+                v,
+                planes.add(64 * PACK * c),
+                _mm512_loadu_si512(corr.add(16 * c).cast()),
+            );
+            let dv = _mm512_loadu_ps(dvec.add(16 * c));
+            let f = if ROW { dv } else { walk.next(dv) };
+            (_mm512_cvtepi32_ps(lanes), f)
+        }
+    };
+    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut c = 0;
+    // SAFETY (loads below): chunks below `full` lie inside the row; the
+    // last, partial one is copied into a zeroed local buffer (its padding
+    // meets zero activations). Prefetches are hints that never fault.
+    unsafe {
+        while c + 2 <= full {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * c + PREFETCH).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * c + 64 + PREFETCH).cast());
+            let (x0, f0) = term(c, _mm512_loadu_si512(p.add(64 * c).cast()));
+            let (x1, f1) = term(c + 1, _mm512_loadu_si512(p.add(64 * c + 64).cast()));
+            a0 = _mm512_fmadd_ps(x0, f0, a0);
+            a1 = _mm512_fmadd_ps(x1, f1, a1);
+            c += 2;
+        }
+        while c < chunks {
+            let v = if c < full {
+                _mm512_loadu_si512(p.add(64 * c).cast())
             } else {
                 let mut buf = [0u8; 64];
-                let off = b * U::BYTES;
+                let off = 64 * c;
                 ptr::copy_nonoverlapping(p.add(off), buf.as_mut_ptr(), nbytes - off);
-                U::load(buf.as_ptr(), 0)
+                _mm512_loadu_si512(buf.as_ptr().cast())
             };
-            (
-                w,
-                _mm512_loadu_si512(q.add(64 * b).cast()),
-                _mm512_loadu_si512(ls.add(16 * b).cast()),
-            )
-        };
-        let init = _mm512_sub_epi32(
-            _mm512_setzero_si512(),
-            _mm512_sll_epi32(sums, _mm_cvtsi32_si128(U::SHIFT as i32)),
-        );
-        let lanes = _mm512_dpbusd_epi32(init, w, x);
-        let s = if G {
-            scales[b * Q8_BLOCK / group]
-        } else {
-            scales[0]
-        };
-        let f = _mm512_set1_ps(d[b] * s);
-        acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), f, acc[b & 1]);
+            let (x, f) = term(c, v);
+            if c % 2 == 0 {
+                a0 = _mm512_fmadd_ps(x, f, a0);
+            } else {
+                a1 = _mm512_fmadd_ps(x, f, a1);
+            }
+            c += 1;
+        }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    let s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    match scaling {
+        Scaling::Row(scale) => s * scale,
+        _ => s,
+    }
 }
 
 /// `row · x̂` for quantized activations.
@@ -145,17 +253,36 @@ pub(crate) unsafe fn dot(row: &RowRef<'_>, a: &QActs) -> f32 {
     else {
         return dot_ref(row, a);
     };
+    let pack = match format {
+        QFormat::Int8 => 1,
+        QFormat::Int2 => 4,
+        _ => 2,
+    };
+    let Some(l) = a.lanes(pack) else {
+        return dot_ref(row, a);
+    };
+    let scaling = match format {
+        QFormat::Int8 | QFormat::Int2 | QFormat::Int4 => Scaling::Row(scales[0]),
+        _ => match nib_groups(format, 16) {
+            // Whole activation blocks per group (128-column chunks included).
+            _ if format.group_len(cols).is_multiple_of(64) => Scaling::Halves {
+                group: format.group_len(cols),
+            },
+            Some(NibGroups::Narrow { shift, per }) => Scaling::Narrow { shift, per },
+            _ => return dot_ref(row, a),
+        },
+    };
     let nb = format.row_bytes(cols);
     let p = bytes.as_ptr();
-    // SAFETY (all arms): guaranteed by this function's contract; the grouped
-    // arm only runs for groups that are whole activation blocks.
-    match format {
-        QFormat::Int8 => unsafe { row_dot::<I8, false>(p, nb, scales, 0, a) },
-        QFormat::Int4 => unsafe { row_dot::<I4, false>(p, nb, scales, 0, a) },
-        QFormat::Int2 => unsafe { row_dot::<I2, false>(p, nb, scales, 0, a) },
-        QFormat::Int4Grouped { group } if group > 0 && group.is_multiple_of(Q8_BLOCK) => unsafe {
-            row_dot::<I4, true>(p, nb, scales, group, a)
-        },
-        _ => dot_ref(row, a),
+    // SAFETY (all arms): guaranteed by this function's contract; `l` was
+    // built for this packing from `cols` activations; `scaling` only names
+    // scales the row has.
+    unsafe {
+        match (pack, matches!(scaling, Scaling::Row(_))) {
+            (1, _) => row_dot::<1, true>(p, nb, scales, scaling, l),
+            (2, true) => row_dot::<2, true>(p, nb, scales, scaling, l),
+            (2, false) => row_dot::<2, false>(p, nb, scales, scaling, l),
+            _ => row_dot::<4, true>(p, nb, scales, scaling, l),
+        }
     }
 }
