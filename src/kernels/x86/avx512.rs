@@ -20,12 +20,20 @@ use crate::quant::QFormat;
 /// Columns per vector.
 const W: usize = 16;
 
-/// How far ahead of the current chunk the weights are prefetched, in bytes.
-/// One memory latency's worth of the int4 kernel's ~15 GB/s in-cache pace
-/// with room to spare: at 2048 the int4 matvec streamed at 0.79-0.80 of the
-/// read baseline on the reference machine, at 4096 at 0.84-0.86, and 8192
-/// was no better (benches/matvec.rs, paired rounds).
+/// How far ahead of the current chunk the weights are prefetched into L1,
+/// in bytes: one memory latency's worth of the int4 kernel's ~15 GB/s
+/// in-cache pace with room to spare. At 2048 the int4 matvec streamed at
+/// 0.79-0.80 of the read baseline on the reference machine, at 4096 at
+/// 0.84-0.86, and 8192 was no better (benches/matvec.rs, paired rounds).
 const PREFETCH: usize = 4096;
+
+/// How far ahead the int4 kernels also prefetch into L2. This machine's
+/// hardware prefetchers leave a compute-bound stream short of requests
+/// (without software prefetch the int4 matvec drops to 0.36 of the
+/// baseline); a second, farther hint into L2 keeps more lines in flight
+/// than the L1 fill buffers allow. With it the int4 matvec went from
+/// 0.81/0.83 to 0.86-0.87/0.87-0.88 (1/2 threads) in back-to-back runs.
+const PREFETCH_L2: usize = 3 * PREFETCH;
 
 /// Turns packed weights into f32 vectors.
 trait Unpack {
@@ -317,8 +325,9 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
         // compute, so no scalar work competes with the vector ports.
         while b < full {
             let src = p.add(64 * b);
-            // A hint only: never faults, so it may point past the row.
+            // Hints only: never fault, so they may point past the row.
             _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH).cast());
+            _mm_prefetch::<_MM_HINT_T1>(src.wrapping_add(PREFETCH_L2).cast());
             if MODE == 1 {
                 if left == 0 {
                     tab = _mm512_mul_ps(table, _mm512_set1_ps(scales[gi]));
@@ -511,7 +520,8 @@ pub(crate) unsafe fn dot_n<const T: usize>(row: &RowRef<'_>, acts: [&Acts<'_>; T
 }
 
 /// Wrapping sum of the little-endian u64 words of `bytes` (a trailing
-/// partial word is ignored), with the kernels' loads and prefetch distance.
+/// partial word is ignored), with the kernels' loads and both their prefetch
+/// hints for every line, so the roofline is never handicapped against them.
 ///
 /// # Safety
 /// The CPU supports AVX-512F.
@@ -524,8 +534,10 @@ pub(crate) unsafe fn read_sum(bytes: &[u8]) -> u64 {
         // SAFETY: block `b`'s 256 bytes lie inside `bytes`; the prefetch is
         // a hint that never faults.
         unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(256 * b + PREFETCH).cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(256 * b + PREFETCH + 128).cast());
+            for line in (0..256).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(256 * b + line + PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(256 * b + line + PREFETCH_L2).cast());
+            }
             for (k, a) in acc.iter_mut().enumerate() {
                 *a = _mm512_add_epi64(*a, _mm512_loadu_si512(p.add(256 * b + 64 * k).cast()));
             }

@@ -24,8 +24,10 @@ use crate::kernels::RowRef;
 use crate::kernels::q8::{Lanes, QActs, dot_ref};
 use crate::quant::QFormat;
 
-/// How far ahead of the current chunk the weights are prefetched, in bytes.
+/// How far ahead of the current chunk the weights are prefetched into L1
+/// and into L2, in bytes (as the f32-activation kernels do; see there).
 const PREFETCH: usize = 4096;
+const PREFETCH_L2: usize = 3 * PREFETCH;
 
 /// How the weight scales of a row apply to a chunk's lanes.
 #[derive(Clone, Copy)]
@@ -205,8 +207,10 @@ unsafe fn row_dot<const PACK: usize, const ROW: bool>(
     // meets zero activations). Prefetches are hints that never fault.
     unsafe {
         while c + 2 <= full {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * c + PREFETCH).cast());
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * c + 64 + PREFETCH).cast());
+            for o in [0, 64] {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * c + o + PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * c + o + PREFETCH_L2).cast());
+            }
             let (x0, f0) = term(c, _mm512_loadu_si512(p.add(64 * c).cast()));
             let (x1, f1) = term(c + 1, _mm512_loadu_si512(p.add(64 * c + 64).cast()));
             a0 = _mm512_fmadd_ps(x0, f0, a0);
