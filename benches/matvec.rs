@@ -11,11 +11,15 @@
 //! Criterion's per-case reports run first; `COLI_BENCH_QUICK=1` skips them.
 //! `COLI_BENCH_KERNELS` (e.g. `avx2`) runs the matvec cases on another
 //! available kernel set; the baseline always uses the best one.
+//!
+//! A last table shows the compute ceiling: one thread walking 512 KiB of
+//! rows that stay in L2, so no memory traffic. A kernel can stream at the
+//! memory's pace only if this figure is comfortably above the baseline.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use colibri::kernels::{Kernels, dispatch};
+use colibri::kernels::{Kernels, QActs, RowRef, dispatch};
 use colibri::quant::{ByteStore, QFormat, QMatrix};
 use criterion::{Criterion, SamplingMode, Throughput};
 use rayon::prelude::*;
@@ -149,6 +153,41 @@ fn matrix(format: QFormat, bytes: usize, cols: usize) -> QMatrix {
     }
 }
 
+/// GB/s of one thread computing `f32`-activation (or, with `q8`,
+/// int8-activation) row dot products over 512 KiB of `format` rows that
+/// stay in L2: the kernel's compute ceiling. Best of 30 passes.
+fn in_cache(k: &Kernels, format: QFormat, cols: usize, q8: bool) -> f64 {
+    let rb = format.row_bytes(cols);
+    let spr = format.scales_per_row(cols);
+    let rows = ((512 << 10) / rb).max(1);
+    let bytes = random_bytes(rows * rb, 5);
+    let scales = vec![0.01f32; rows * spr];
+    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    let a = k.prepare(format, &x);
+    let qa = QActs::quantize_for(format, &x);
+    let row = |r: usize| RowRef::Packed {
+        format,
+        cols,
+        bytes: &bytes[r * rb..(r + 1) * rb],
+        scales: &scales[r * spr..(r + 1) * spr],
+    };
+    let mut best = f64::INFINITY;
+    for _ in 0..30 {
+        let start = Instant::now();
+        let mut sink = 0f32;
+        for r in 0..rows {
+            sink += if q8 {
+                k.dot_q8(&row(r), &qa)
+            } else {
+                k.dot_acts(&row(r), &a)
+            };
+        }
+        black_box(sink);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    (rows * rb) as f64 / best / 1e9
+}
+
 fn main() {
     let mb = env_usize("COLI_BENCH_MB", 512);
     let cols = env_usize("COLI_BENCH_COLS", 4096);
@@ -235,5 +274,28 @@ fn main() {
             base,
             gbs / base
         );
+    }
+
+    let base1 = bench
+        .records
+        .iter()
+        .find(|r| r.threads == 1)
+        .map(|r| r.base_bytes as f64 / r.base_seconds / 1e9)
+        .unwrap_or(f64::NAN);
+    println!("\nin cache (512 KiB of rows, 1 thread): compute ceiling");
+    println!("{:<20} {:>10} {:>14}", "case", "GB/s", "x 1t baseline");
+    for (name, format) in [
+        ("int8", QFormat::Int8),
+        ("int4", QFormat::Int4),
+        ("int4-g64", QFormat::Int4Grouped { group: 64 }),
+    ] {
+        let mut cases = vec![(format!("dot-{name}"), false)];
+        if km.has_vnni() {
+            cases.push((format!("dot-q8-{name}"), true));
+        }
+        for (case, q8) in cases {
+            let gbs = in_cache(&km, format, cols, q8);
+            println!("{case:<20} {gbs:>10.2} {:>14.2}", gbs / base1);
+        }
     }
 }
