@@ -23,8 +23,9 @@ fn generate(
         .generated
 }
 
-fn placements() -> Vec<EngineOptions> {
-    let base = EngineOptions::default;
+/// Placements over `base`'s numeric choices.
+fn placements(base: &EngineOptions) -> Vec<EngineOptions> {
+    let base = || base.clone();
     vec![
         EngineOptions {
             cache_cap: Some(1),
@@ -67,9 +68,13 @@ fn placements() -> Vec<EngineOptions> {
 }
 
 fn check(dir: &Path, prompt: &[u32], n: usize, sampling: SamplingParams) {
-    let reference = generate(dir, &EngineOptions::default(), prompt, n, sampling);
+    check_over(dir, prompt, n, sampling, &EngineOptions::default());
+}
+
+fn check_over(dir: &Path, prompt: &[u32], n: usize, sampling: SamplingParams, base: &EngineOptions) {
+    let reference = generate(dir, base, prompt, n, sampling);
     assert_eq!(reference.len(), n);
-    for opts in placements() {
+    for opts in placements(base) {
         assert_eq!(
             generate(dir, &opts, prompt, n, sampling),
             reference,
@@ -105,6 +110,33 @@ fn glm_greedy_tokens_do_not_depend_on_placement() {
         &[5, 17, 3, 150, 99],
         12,
         SamplingParams::default(),
+    );
+}
+
+/// The int8-activation kernels are as placement-independent as the f32
+/// ones: quantized experts and dense part, OLMoE and GLM.
+#[test]
+fn int8_activation_tokens_do_not_depend_on_placement() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let base = EngineOptions {
+        expert_bits: 4,
+        dense_bits: 8,
+        int8_acts: true,
+        ..EngineOptions::default()
+    };
+    check_over(
+        &root.join("fixtures/olmoe-odd"),
+        &[5, 17, 3, 250, 99],
+        12,
+        SamplingParams::default(),
+        &base,
+    );
+    check_over(
+        &root.join("fixtures/glm-tiny"),
+        &[7, 21, 3, 190, 44, 9],
+        12,
+        SamplingParams::default(),
+        &base,
     );
 }
 

@@ -119,6 +119,11 @@ pub struct EngineArgs {
     /// Simulated disk, e.g. `bw=200MB/s,lat=2ms,jitter=1ms,fail=0.01,seed=1`.
     #[arg(long)]
     pub disk_sim: Option<String>,
+    /// Multiply quantized matrices through int8-quantized activations and
+    /// integer dot products (AVX512-VNNI where the CPU has it), as llama.cpp
+    /// does: faster, not token-exact against the f32-activation path.
+    #[arg(long)]
+    pub int8_acts: bool,
     /// Strict no-overlap mode (loads and compute in sequence), for comparison.
     #[arg(long)]
     pub no_overlap: bool,
@@ -153,6 +158,7 @@ impl EngineArgs {
             disk_sim: self.disk_sim.clone(),
             overlap: !self.no_overlap,
             kv_slots: 1,
+            int8_acts: self.int8_acts,
         }
     }
 }

@@ -135,6 +135,7 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<(Box<dyn LanguageMode
         expert_format: QFormat::from_bits(opts.expert_bits)
             .map_err(|e| EngineError::Option(e.to_string()))?,
         dense_format: QFormat::from_bits(opts.dense_bits).map_err(|e| EngineError::Option(e.to_string()))?,
+        int8_acts: opts.int8_acts,
     };
     let factory = SourceFactory { opts };
     match model_type.as_str() {

@@ -19,6 +19,10 @@ pub struct EngineOptions {
     pub overlap: bool,
     /// Conversations held at once (sizes the KV part of the memory budget).
     pub kv_slots: usize,
+    /// Quantized matrices multiply through int8 activations (like
+    /// `--expert-bits`, a numeric choice: it changes the tokens, and the
+    /// tokens then still never depend on placement).
+    pub int8_acts: bool,
 }
 
 impl Default for EngineOptions {
@@ -36,6 +40,7 @@ impl Default for EngineOptions {
             disk_sim: None,
             overlap: true,
             kv_slots: 1,
+            int8_acts: false,
         }
     }
 }

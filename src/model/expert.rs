@@ -76,6 +76,9 @@ pub struct LayerCodec {
 pub struct ExpertCodec {
     /// Indexed by layer; `None` for layers without routed experts.
     pub layers: Vec<Option<LayerCodec>>,
+    /// Decoded experts multiply through int8 activations
+    /// ([`QMatrix::with_int8_acts`]).
+    pub int8_acts: bool,
 }
 
 /// Collects per-layer expert layouts while a loader walks the experts,
@@ -128,11 +131,23 @@ impl LayoutCollector {
                 })
             })
             .collect();
-        Ok(ExpertCodec { layers })
+        Ok(ExpertCodec {
+            layers,
+            int8_acts: false,
+        })
     }
 }
 
 impl ExpertCodec {
+    /// The same codec, decoding experts whose products use int8
+    /// activations when `on`.
+    pub fn with_int8_acts(self, on: bool) -> Self {
+        Self {
+            int8_acts: on,
+            ..self
+        }
+    }
+
     fn matrix(
         &self,
         want: QFormat,
@@ -151,6 +166,7 @@ impl ExpertCodec {
             None => None,
         };
         st::matrix_from_bytes("expert", slot.dtype, slot.rows, slot.cols, data, scales, want)
+            .map(|m| m.with_int8_acts(self.int8_acts))
             .map_err(|e| e.to_string())
     }
 }

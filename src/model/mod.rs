@@ -7,6 +7,7 @@ pub mod lm;
 pub mod olmoe;
 pub mod ops;
 pub mod routed;
+pub mod want;
 
 use crate::config::ConfigError;
 use crate::st::StError;

@@ -21,6 +21,9 @@ pub struct QMatrix {
     format: QFormat,
     data: Data,
     scales: Vec<f32>,
+    /// Products go through int8-quantized activations and integer dot
+    /// products ([`QMatrix::with_int8_acts`]); never set for f32 weights.
+    int8_acts: bool,
 }
 
 /// Rows handed to one rayon task: enough work to amortise the task.
@@ -44,6 +47,7 @@ impl QMatrix {
             format: QFormat::F32,
             data: Data::F32(w),
             scales: Vec::new(),
+            int8_acts: false,
         })
     }
 
@@ -59,6 +63,7 @@ impl QMatrix {
             format,
             data: Data::Packed(ByteStore::from_vec(bytes)),
             scales,
+            int8_acts: false,
         })
     }
 
@@ -105,7 +110,26 @@ impl QMatrix {
             format,
             data: Data::Packed(bytes),
             scales,
+            int8_acts: false,
         })
+    }
+
+    /// Sends this matrix's `matvec` and `matmul` through int8-quantized
+    /// activations (per block of 64, [`QActs`]) and integer dot products,
+    /// as llama.cpp and the C engine's IDOT mode do for quantized weights:
+    /// the quantized weights already carry an error of that order, and on
+    /// AVX512-VNNI the integer kernels have twice the headroom over memory
+    /// bandwidth. Results stay deterministic (independent of threads and
+    /// batching) but are not the f32-activation values. A no-op for f32
+    /// weights, which keep the exact path.
+    pub fn with_int8_acts(mut self, on: bool) -> Self {
+        self.int8_acts = on && self.format != QFormat::F32;
+        self
+    }
+
+    /// Whether products use int8-quantized activations.
+    pub fn int8_acts(&self) -> bool {
+        self.int8_acts
     }
 
     pub fn rows(&self) -> usize {
@@ -179,6 +203,9 @@ impl QMatrix {
 
     /// [`QMatrix::matvec`] with a chosen kernel set (tests, benches).
     pub fn matvec_with(&self, k: &Kernels, x: &[f32], y: &mut [f32]) {
+        if self.int8_acts {
+            return self.matvec_q8_with(k, x, y);
+        }
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
         // Laid out once for the kernels, shared by every row.
@@ -224,6 +251,24 @@ impl QMatrix {
             return self.matvec_with(k, x, y);
         }
         let (rows, cols) = (self.rows, self.cols);
+        if self.int8_acts {
+            // Each token quantized once, as matvec does, so values match it.
+            let acts: Vec<QActs> = (0..n)
+                .map(|t| QActs::quantize_for(self.format, &x[t * cols..(t + 1) * cols]))
+                .collect();
+            let mut yt = vec![0f32; n * rows];
+            yt.par_chunks_mut(ROWS_PER_TASK * n)
+                .enumerate()
+                .for_each(|(c, block)| {
+                    for (i, out) in block.chunks_mut(n).enumerate() {
+                        let row = self.row_ref(c * ROWS_PER_TASK + i);
+                        for (o, a) in out.iter_mut().zip(&acts) {
+                            *o = k.dot_q8(&row, a);
+                        }
+                    }
+                });
+            return scatter(&yt, n, rows, y);
+        }
         // Each token laid out once, as matvec does, so values match it.
         let acts: Vec<kernels::Acts<'_>> = (0..n)
             .map(|t| k.prepare(self.format, &x[t * cols..(t + 1) * cols]))
@@ -237,10 +282,16 @@ impl QMatrix {
                     k.dot_batch_acts(&self.row_ref(c * ROWS_PER_TASK + i), &acts, out);
                 }
             });
-        for (r, ys) in yt.chunks_exact(n).enumerate() {
-            for (t, &v) in ys.iter().enumerate() {
-                y[t * rows + r] = v;
-            }
+        scatter(&yt, n, rows, y);
+    }
+}
+
+/// `y[t * rows + r] = yt[r * n + t]`: a row-major `[rows, n]` scratch
+/// written out token-major.
+fn scatter(yt: &[f32], n: usize, rows: usize, y: &mut [f32]) {
+    for (r, ys) in yt.chunks_exact(n).enumerate() {
+        for (t, &v) in ys.iter().enumerate() {
+            y[t * rows + r] = v;
         }
     }
 }
@@ -303,5 +354,59 @@ mod tests {
             q.matvec(&x[t * cols..(t + 1) * cols], &mut yv);
             assert_eq!(&y[t * rows..(t + 1) * rows], &yv[..]);
         }
+    }
+
+    #[test]
+    fn int8_acts_route_products_through_quantized_activations() {
+        let (rows, cols, n) = (21, 300, 5);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 23.0)
+            .collect();
+        for format in [
+            QFormat::Int8,
+            QFormat::Int4,
+            QFormat::Int4Grouped { group: 64 },
+            QFormat::Int2,
+        ] {
+            let exact = QMatrix::quantize(rows, cols, sample(rows, cols), format).unwrap();
+            let m = exact.clone().with_int8_acts(true);
+            assert!(m.int8_acts());
+            for k in Kernels::available() {
+                // matvec takes the integer path...
+                let (mut want, mut got) = (vec![0f32; rows], vec![0f32; rows]);
+                m.matvec_q8_with(&k, &x[..cols], &mut want);
+                m.matvec_with(&k, &x[..cols], &mut got);
+                assert_eq!(got, want, "{} {format}", k.name);
+                // ...and matmul gives every token exactly its matvec.
+                let mut ys = vec![0f32; n * rows];
+                m.matmul_with(&k, &x, n, &mut ys);
+                for t in 0..n {
+                    let mut one = vec![0f32; rows];
+                    m.matvec_with(&k, &x[t * cols..(t + 1) * cols], &mut one);
+                    assert_eq!(
+                        &ys[t * rows..(t + 1) * rows],
+                        &one[..],
+                        "{} {format} token {t}",
+                        k.name
+                    );
+                }
+                // Close to the f32-activation result, not equal to it.
+                let mut e = vec![0f32; rows];
+                exact.matvec_with(&k, &x[..cols], &mut e);
+                assert_ne!(e, got, "{} {format}", k.name);
+                for (a, b) in e.iter().zip(&got) {
+                    assert!(
+                        (a - b).abs() <= 0.05 * (1.0 + a.abs()),
+                        "{} {format}: {a} vs {b}",
+                        k.name
+                    );
+                }
+            }
+        }
+        // F32 weights keep the exact path.
+        let f = QMatrix::from_f32(rows, cols, sample(rows, cols))
+            .unwrap()
+            .with_int8_acts(true);
+        assert!(!f.int8_acts());
     }
 }

@@ -12,6 +12,7 @@ use crate::config::glm::{IndexerKind, MlaFamily};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights, LayoutCollector, checkpoint_expert};
 use crate::model::olmoe::LoadOptions;
+use crate::model::want::MatrixWant;
 use crate::quant::{QFormat, QMatrix};
 use crate::st::Checkpoint;
 
@@ -69,12 +70,12 @@ fn swiglu(
     prefix: &str,
     h: usize,
     inter: usize,
-    f: QFormat,
+    f: MatrixWant,
 ) -> Result<ExpertWeights, ModelError> {
     Ok(ExpertWeights {
-        gate: ck.matrix(&format!("{prefix}.gate_proj.weight"), inter, h, f)?,
-        up: ck.matrix(&format!("{prefix}.up_proj.weight"), inter, h, f)?,
-        down: ck.matrix(&format!("{prefix}.down_proj.weight"), h, inter, f)?,
+        gate: f.load(ck, &format!("{prefix}.gate_proj.weight"), inter, h)?,
+        up: f.load(ck, &format!("{prefix}.up_proj.weight"), inter, h)?,
+        down: f.load(ck, &format!("{prefix}.down_proj.weight"), h, inter)?,
     })
 }
 
@@ -89,13 +90,13 @@ fn load_layer(
     l: usize,
     sparse: bool,
     indexer: bool,
-    dense: QFormat,
+    dense: MatrixWant,
 ) -> Result<LayerWeights, ModelError> {
     let h = cfg.hidden_size;
     let heads = cfg.num_attention_heads;
     let n = |rest: &str| format!("model.layers.{l}.{rest}");
     let vec = |name: String, len: usize| ck.f32_tensor(&name, &[len]);
-    let mat = |name: String, r: usize, c: usize| ck.matrix(&name, r, c, dense);
+    let mat = |name: String, r: usize, c: usize| dense.load(ck, &name, r, c);
     let (q_a, q_a_norm, q_b) = match cfg.q_lora_rank {
         Some(qr) => (
             Some(mat(n("self_attn.q_a_proj.weight"), qr, h)?),
@@ -183,14 +184,14 @@ pub fn load_dense(
     with_mtp: bool,
 ) -> Result<DenseWeights, ModelError> {
     let h = cfg.hidden_size;
-    let dense = opts.dense_format;
+    let dense = opts.dense();
     let sparse = cfg.mlp_sparse().map_err(ModelError::Weights)?;
     let kinds = match cfg.family() {
         MlaFamily::GlmMoeDsa => cfg.indexer_kinds().map_err(ModelError::Weights)?,
         MlaFamily::DeepseekV3 => vec![IndexerKind::Shared; cfg.num_hidden_layers],
     };
     let glm = cfg.family() == MlaFamily::GlmMoeDsa;
-    let embed = Arc::new(ck.matrix("model.embed_tokens.weight", cfg.vocab_size, h, dense)?);
+    let embed = Arc::new(dense.load(ck, "model.embed_tokens.weight", cfg.vocab_size, h)?);
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         let full = glm && kinds[l] == IndexerKind::Full;
@@ -198,7 +199,7 @@ pub fn load_dense(
     }
     let final_norm = ck.f32_tensor("model.norm.weight", &[h])?;
     let lm_head = if ck.has("lm_head.weight") {
-        Arc::new(ck.matrix("lm_head.weight", cfg.vocab_size, h, dense)?)
+        Arc::new(dense.load(ck, "lm_head.weight", cfg.vocab_size, h)?)
     } else if cfg.tie_word_embeddings {
         embed.clone()
     } else {
@@ -208,18 +209,18 @@ pub fn load_dense(
     };
     let mtp = if with_mtp {
         let l = cfg.num_hidden_layers;
-        let dense = mtp_format(dense);
+        let dense = dense.with_format(mtp_format(dense.format));
         let n = |rest: &str| format!("model.layers.{l}.{rest}");
         let indexer = glm && ck.has(&n("self_attn.indexer.wq_b.weight"));
         let head_name = n("shared_head.head.weight");
         Some(MtpWeights {
             enorm: ck.f32_tensor(&n("enorm.weight"), &[h])?,
             hnorm: ck.f32_tensor(&n("hnorm.weight"), &[h])?,
-            eh_proj: ck.matrix(&n("eh_proj.weight"), h, 2 * h, dense)?,
+            eh_proj: dense.load(ck, &n("eh_proj.weight"), h, 2 * h)?,
             layer: load_layer(cfg, ck, l, true, indexer, dense)?,
             head_norm: ck.f32_tensor(&n("shared_head.norm.weight"), &[h])?,
             head: if ck.has(&head_name) {
-                Some(ck.matrix(&head_name, cfg.vocab_size, h, dense)?)
+                Some(dense.load(ck, &head_name, cfg.vocab_size, h)?)
             } else {
                 None
             },
@@ -272,6 +273,7 @@ pub fn expert_map(
                 opts.expert_format
             }
         })
-        .map_err(ModelError::Weights)?;
+        .map_err(ModelError::Weights)?
+        .with_int8_acts(opts.int8_acts);
     Ok((map, codec))
 }

@@ -10,15 +10,18 @@ use super::weights::{DenseWeights, LayerWeights};
 use crate::config::OlmoeConfig;
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, LayoutCollector, checkpoint_expert};
+use crate::model::want::MatrixWant;
 use crate::quant::{QFormat, QMatrix};
 use crate::st::Checkpoint;
 
 /// Precision choices for full-precision tensors (stored quantized tensors
-/// keep their format).
+/// keep their format), and whether quantized matrices multiply through
+/// int8 activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
     pub expert_format: QFormat,
     pub dense_format: QFormat,
+    pub int8_acts: bool,
 }
 
 impl Default for LoadOptions {
@@ -26,6 +29,17 @@ impl Default for LoadOptions {
         Self {
             expert_format: QFormat::F32,
             dense_format: QFormat::F32,
+            int8_acts: false,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// What the dense matrices are loaded as.
+    pub fn dense(&self) -> MatrixWant {
+        MatrixWant {
+            format: self.dense_format,
+            int8_acts: self.int8_acts,
         }
     }
 }
@@ -40,9 +54,9 @@ pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Resu
     let hd = cfg.head_dim();
     let q_dim = cfg.num_attention_heads * hd;
     let kv_dim = cfg.kv_heads() * hd;
-    let dense = opts.dense_format;
+    let dense = opts.dense();
     let vec = |name: &str, n: usize| ck.f32_tensor(name, &[n]);
-    let mat = |name: &str, rows: usize, cols: usize, f: QFormat| ck.matrix(name, rows, cols, f);
+    let mat = |name: &str, rows: usize, cols: usize, f: MatrixWant| f.load(ck, name, rows, cols);
 
     let embed = Arc::new(mat("model.embed_tokens.weight", cfg.vocab_size, h, dense)?);
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -104,6 +118,7 @@ pub fn expert_map(
     }
     let codec = layouts
         .finish(|_| opts.expert_format)
-        .map_err(ModelError::Weights)?;
+        .map_err(ModelError::Weights)?
+        .with_int8_acts(opts.int8_acts);
     Ok((map, codec))
 }
