@@ -104,23 +104,31 @@ impl Lanes {
         let mut planes = Aligned::<i8>::zeroed(chunks * chunk);
         let mut corr = Aligned::<i32>::zeroed(chunks * 16);
         let mut dvec = Aligned::<f32>::zeroed(chunks * 16);
-        {
-            let (pl, co, dv) = (planes.as_mut_slice(), corr.as_mut_slice(), dvec.as_mut_slice());
-            for c in 0..chunks {
-                for j in 0..64 {
-                    for k in 0..pack {
-                        let col = c * chunk + pack * j + k;
-                        let v = q.get(col).copied().unwrap_or(0);
-                        pl[c * chunk + 64 * k + j] = v;
-                        co[16 * c + j / 4] -= offset * v as i32;
+        // The values padded with zeros to whole chunks, so every chunk is a
+        // plain slice.
+        let mut padded = vec![0i8; chunks * chunk];
+        let n = q.len().min(padded.len());
+        padded[..n].copy_from_slice(&q[..n]);
+        let pl = planes.as_mut_slice().chunks_exact_mut(chunk);
+        let co = corr.as_mut_slice().chunks_exact_mut(16);
+        let dv = dvec.as_mut_slice().chunks_exact_mut(16);
+        for (c, (((src, pl), co), dv)) in padded.chunks_exact(chunk).zip(pl).zip(co).zip(dv).enumerate() {
+            if pack == 1 {
+                pl.copy_from_slice(src);
+            } else {
+                for (j, cols) in src.chunks_exact(pack).enumerate() {
+                    for (k, &v) in cols.iter().enumerate() {
+                        pl[64 * k + j] = v;
                     }
                 }
-                for (i, slot) in dv[16 * c..16 * c + 16].iter_mut().enumerate() {
-                    *slot = d
-                        .get((c * chunk + 4 * pack * i) / Q8_BLOCK)
-                        .copied()
-                        .unwrap_or(0.0);
-                }
+            }
+            // Lane `i` holds the chunk's columns `4 pack i .. 4 pack (i + 1)`.
+            for (i, (lane, slot)) in src.chunks_exact(4 * pack).zip(co.iter_mut()).enumerate() {
+                *slot = -offset * lane.iter().map(|&v| v as i32).sum::<i32>();
+                dv[i] = d
+                    .get((c * chunk + 4 * pack * i) / Q8_BLOCK)
+                    .copied()
+                    .unwrap_or(0.0);
             }
         }
         Self {
@@ -149,8 +157,14 @@ impl QActs {
             d.push(scale);
             if scale > 0.0 && scale.is_finite() {
                 let inv = 1.0 / scale;
+                // Round half to even by adding and removing 1.5 × 2^23: exact
+                // for |v × inv| <= 127 (f32 addition rounds to nearest even),
+                // the same as `round_ties_even`, and vectorizes where that
+                // is a library call.
+                const SHIFT: f32 = 12_582_912.0;
                 for (o, v) in qb.iter_mut().zip(xb) {
-                    *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+                    let r = ((v * inv).clamp(-127.0, 127.0) + SHIFT) - SHIFT;
+                    *o = r as i8;
                 }
             }
         }
@@ -240,6 +254,23 @@ mod tests {
             assert!((a.values()[j] as f32 * d - v).abs() <= d * 0.5 + 1e-6, "col {j}");
         }
         assert!(a.values()[150..].iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn rounding_is_round_half_to_even() {
+        // Ties on both sides of zero, and values next to them.
+        let x: Vec<f32> = (-254..=254)
+            .flat_map(|i| [i as f32 * 0.5, i as f32 * 0.5 + 0.01, i as f32 * 0.5 - 0.01])
+            .chain([127.0])
+            .collect();
+        for block in x.chunks(Q8_BLOCK) {
+            let a = QActs::quantize(block);
+            let inv = 1.0 / a.block_scales()[0];
+            for (&v, &q) in block.iter().zip(a.values()) {
+                let want = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+                assert_eq!(q, want, "{v}");
+            }
+        }
     }
 
     #[test]
