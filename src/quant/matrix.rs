@@ -250,48 +250,42 @@ impl QMatrix {
         if n == 1 {
             return self.matvec_with(k, x, y);
         }
-        let (rows, cols) = (self.rows, self.cols);
+        let cols = self.cols;
         if self.int8_acts {
             // Each token quantized once, as matvec does, so values match it.
             let acts: Vec<QActs> = (0..n)
                 .map(|t| QActs::quantize_for(self.format, &x[t * cols..(t + 1) * cols]))
                 .collect();
-            let mut yt = vec![0f32; n * rows];
-            yt.par_chunks_mut(ROWS_PER_TASK * n)
-                .enumerate()
-                .for_each(|(c, block)| {
-                    for (i, out) in block.chunks_mut(n).enumerate() {
-                        let row = self.row_ref(c * ROWS_PER_TASK + i);
-                        for (o, a) in out.iter_mut().zip(&acts) {
-                            *o = k.dot_q8(&row, a);
-                        }
-                    }
-                });
-            return scatter(&yt, n, rows, y);
+            return self.by_rows(n, y, |row, out| {
+                for (o, a) in out.iter_mut().zip(&acts) {
+                    *o = k.dot_q8(row, a);
+                }
+            });
         }
         // Each token laid out once, as matvec does, so values match it.
         let acts: Vec<kernels::Acts<'_>> = (0..n)
             .map(|t| k.prepare(self.format, &x[t * cols..(t + 1) * cols]))
             .collect();
-        // Compute W-row-major blocks into a transposed scratch, then scatter.
+        self.by_rows(n, y, |row, out| k.dot_batch_acts(row, &acts, out));
+    }
+
+    /// Runs `dot(row, out)` for every weight row in parallel, `out` being
+    /// that row's `n` token results, then writes them token-major into `y`:
+    /// each row is read once for the whole batch.
+    fn by_rows(&self, n: usize, y: &mut [f32], dot: impl Fn(&kernels::RowRef<'_>, &mut [f32]) + Sync) {
+        let rows = self.rows;
         let mut yt = vec![0f32; n * rows];
         yt.par_chunks_mut(ROWS_PER_TASK * n)
             .enumerate()
             .for_each(|(c, block)| {
                 for (i, out) in block.chunks_mut(n).enumerate() {
-                    k.dot_batch_acts(&self.row_ref(c * ROWS_PER_TASK + i), &acts, out);
+                    dot(&self.row_ref(c * ROWS_PER_TASK + i), out);
                 }
             });
-        scatter(&yt, n, rows, y);
-    }
-}
-
-/// `y[t * rows + r] = yt[r * n + t]`: a row-major `[rows, n]` scratch
-/// written out token-major.
-fn scatter(yt: &[f32], n: usize, rows: usize, y: &mut [f32]) {
-    for (r, ys) in yt.chunks_exact(n).enumerate() {
-        for (t, &v) in ys.iter().enumerate() {
-            y[t * rows + r] = v;
+        for (r, ys) in yt.chunks_exact(n).enumerate() {
+            for (t, &v) in ys.iter().enumerate() {
+                y[t * rows + r] = v;
+            }
         }
     }
 }

@@ -313,6 +313,15 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
     );
     let mut acc = [[_mm512_setzero_ps(); 4]; T];
     let (mut gi, mut left) = (0usize, 0usize);
+    // Wide groups: at each group start, the table times the group's scale.
+    let mut next_group = |tab: &mut __m512| {
+        if left == 0 {
+            *tab = _mm512_mul_ps(table, _mm512_set1_ps(scales[gi]));
+            gi += 1;
+            left = group_blocks;
+        }
+        left -= 1;
+    };
     let mut b = 0;
     // SAFETY (both loops): blocks below `full`, plus 3 bytes, lie inside the
     // row's `nbytes`, and later ones are loaded masked to it (masked loads do
@@ -329,12 +338,7 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
             _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH).cast());
             _mm_prefetch::<_MM_HINT_T1>(src.wrapping_add(PREFETCH_L2).cast());
             if MODE == 1 {
-                if left == 0 {
-                    tab = _mm512_mul_ps(table, _mm512_set1_ps(scales[gi]));
-                    gi += 1;
-                    left = group_blocks;
-                }
-                left -= 1;
+                next_group(&mut tab);
             }
             let v = [
                 _mm512_loadu_si512(src.cast()),
@@ -348,12 +352,7 @@ unsafe fn nib_dot<const T: usize, const MODE: u8>(
         while b < nblocks {
             let src = p.add(64 * b);
             if MODE == 1 {
-                if left == 0 {
-                    tab = _mm512_mul_ps(table, _mm512_set1_ps(scales[gi]));
-                    gi += 1;
-                    left = group_blocks;
-                }
-                left -= 1;
+                next_group(&mut tab);
             }
             let left_bytes = nbytes - 64 * b;
             let m = |o: usize| match left_bytes.saturating_sub(o) {
