@@ -264,7 +264,7 @@ fn main() {
         bench.case(&format!("matvec-{name}"), m.resident_bytes(), || {
             m.matvec_with(&km, black_box(&x), &mut y);
         });
-        if format != QFormat::F32 && km.has_vnni() {
+        if format != QFormat::F32 && km.has_int_dot() {
             bench.case(&format!("matvec-q8-{name}"), m.resident_bytes(), || {
                 m.matvec_q8_with(&km, black_box(&x), &mut y);
             });
@@ -317,7 +317,7 @@ fn main() {
         ("int4-g64", QFormat::Int4Grouped { group: 64 }),
     ] {
         let mut cases = vec![(format!("dot-{name}"), false)];
-        if km.has_vnni() {
+        if km.has_int_dot() {
             cases.push((format!("dot-q8-{name}"), true));
         }
         for (case, q8) in cases {

@@ -120,7 +120,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub disk_sim: Option<String>,
     /// Multiply quantized matrices through int8-quantized activations and
-    /// integer dot products (AVX512-VNNI where the CPU has it), as llama.cpp
+    /// integer dot products (AVX512-VNNI, else AVX2), as llama.cpp
     /// does: faster, not token-exact against the f32-activation path.
     #[arg(long)]
     pub int8_acts: bool,

@@ -215,7 +215,20 @@ impl Kernels {
         self.vnni
     }
 
-    /// The same set with the int8-activation path on the scalar reference.
+    /// Whether [`Kernels::dot_q8`] has a SIMD integer kernel here (VNNI, or
+    /// AVX2's multiply-add of bytes) rather than the scalar reference.
+    pub fn has_int_dot(&self) -> bool {
+        match self.isa {
+            Isa::Scalar => false,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512 => true,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => false,
+        }
+    }
+
+    /// The same set without the VNNI int8-activation kernel (AVX2's then
+    /// serves it).
     pub fn without_vnni(self) -> Self {
         let name = if self.vnni { "avx512" } else { self.name };
         Self {
@@ -324,10 +337,19 @@ impl Kernels {
         row.check(a.cols());
         assert_eq!(row.cols(), a.cols(), "dot_q8: row and activation lengths");
         #[cfg(target_arch = "x86_64")]
-        if self.vnni {
-            // SAFETY: `vnni` is only set by `Kernels::avx512` after detecting
-            // AVX-512F/BW and AVX512-VNNI; `check` validated the buffers.
-            return unsafe { x86::vnni::dot(row, a) };
+        {
+            if self.vnni {
+                // SAFETY: `vnni` is only set by `Kernels::avx512` after
+                // detecting AVX-512F/BW and AVX512-VNNI; `check` validated
+                // the buffers.
+                return unsafe { x86::vnni::dot(row, a) };
+            }
+            if matches!(self.isa, Isa::Avx2 | Isa::Avx512) {
+                // SAFETY: both sets are only built after detecting AVX2 and
+                // FMA (`has_avx512` includes `has_avx2`); `check` validated
+                // the buffers.
+                return unsafe { x86::avx2_q8::dot(row, a) };
+            }
         }
         q8::dot_ref(row, a)
     }

@@ -1,7 +1,9 @@
 //! x86_64 SIMD kernels and CPU feature detection.
 
 pub(super) mod avx2;
+pub(super) mod avx2_q8;
 pub(super) mod avx512;
+mod q8_row;
 pub(super) mod vnni;
 
 /// AVX2 and FMA (the AVX2 kernel set).

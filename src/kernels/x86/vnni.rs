@@ -19,28 +19,14 @@
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::{NibGroups, nib_groups};
+use super::q8_row::{Scaling, q8_row};
 use crate::kernels::RowRef;
 use crate::kernels::q8::{Lanes, QActs, dot_ref};
-use crate::quant::QFormat;
 
 /// How far ahead of the current chunk the weights are prefetched into L1
 /// and into L2, in bytes (as the f32-activation kernels do; see there).
 const PREFETCH: usize = 4096;
 const PREFETCH_L2: usize = 3 * PREFETCH;
-
-/// How the weight scales of a row apply to a chunk's lanes.
-#[derive(Clone, Copy)]
-enum Scaling {
-    /// One scale for the row, applied after the reduction.
-    Row(f32),
-    /// Groups of whole activation blocks: lanes 0..8 and 8..16 each take
-    /// the scale of their half's group (`group` columns per scale).
-    Halves { group: usize },
-    /// Groups of `8 << shift` columns: lane `i` takes the chunk's scale
-    /// `i >> shift`, `per` scales per chunk.
-    Narrow { shift: u32, per: usize },
-}
 
 /// `Σ w q` of the chunk's 16 lanes, starting from `corr`.
 ///
@@ -248,41 +234,15 @@ unsafe fn row_dot<const PACK: usize, const ROW: bool>(
 /// The CPU supports AVX-512F/BW and AVX512-VNNI; the row's buffers hold what
 /// `RowRef::check` requires and `row.cols() == a.cols()`.
 pub(crate) unsafe fn dot(row: &RowRef<'_>, a: &QActs) -> f32 {
-    let RowRef::Packed {
-        format,
-        cols,
-        bytes,
-        scales,
-    } = *row
-    else {
+    let Some(r) = q8_row(row, a) else {
         return dot_ref(row, a);
     };
-    let pack = match format {
-        QFormat::Int8 => 1,
-        QFormat::Int2 => 4,
-        _ => 2,
-    };
-    let Some(l) = a.lanes(pack) else {
-        return dot_ref(row, a);
-    };
-    let scaling = match format {
-        QFormat::Int8 | QFormat::Int2 | QFormat::Int4 => Scaling::Row(scales[0]),
-        _ => match nib_groups(format, 16) {
-            // Whole activation blocks per group (128-column chunks included).
-            _ if format.group_len(cols).is_multiple_of(64) => Scaling::Halves {
-                group: format.group_len(cols),
-            },
-            Some(NibGroups::Narrow { shift, per }) => Scaling::Narrow { shift, per },
-            _ => return dot_ref(row, a),
-        },
-    };
-    let nb = format.row_bytes(cols);
-    let p = bytes.as_ptr();
+    let (p, nb, scales, scaling, l) = (r.bytes.as_ptr(), r.nbytes, r.scales, r.scaling, r.lanes);
     // SAFETY (all arms): guaranteed by this function's contract; `l` was
     // built for this packing from `cols` activations; `scaling` only names
     // scales the row has.
     unsafe {
-        match (pack, matches!(scaling, Scaling::Row(_))) {
+        match (r.pack, matches!(scaling, Scaling::Row(_))) {
             (1, _) => row_dot::<1, true>(p, nb, scales, scaling, l),
             (2, true) => row_dot::<2, true>(p, nb, scales, scaling, l),
             (2, false) => row_dot::<2, false>(p, nb, scales, scaling, l),
