@@ -45,6 +45,8 @@ fn pack_of(format: QFormat) -> Option<usize> {
 
 /// A zeroed buffer whose first element sits on a 64-byte boundary, so the
 /// kernels' 64-byte loads never split a cache line.
+// The layout is read only by the x86 integer kernels (no NEON one yet).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Debug)]
 pub(crate) struct Aligned<T> {
     buf: Vec<T>,
@@ -52,6 +54,7 @@ pub(crate) struct Aligned<T> {
     len: usize,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl<T: Copy + Default> Aligned<T> {
     fn zeroed(len: usize) -> Self {
         let spare = 64 / size_of::<T>();
@@ -74,6 +77,7 @@ impl<T: Copy + Default> Aligned<T> {
 /// `64 * pack` columns (64 weight bytes); a chunk's weight bytes are read
 /// as 16 lanes of 4 bytes, lane `i` holding the chunk's columns
 /// `4 pack i .. 4 pack (i + 1)`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Debug)]
 pub(crate) struct Lanes {
     /// Columns per weight byte.
@@ -92,6 +96,7 @@ pub(crate) struct Lanes {
     pub(crate) dvec: Aligned<f32>,
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl Lanes {
     fn new(q: &[i8], d: &[f32], cols: usize, pack: usize) -> Self {
         let chunk = 64 * pack;
@@ -202,6 +207,7 @@ impl QActs {
 
     /// The SIMD layout, when it was built for rows packed `pack` columns to
     /// a byte.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn lanes(&self, pack: usize) -> Option<&Lanes> {
         self.lanes.as_ref().filter(|l| l.pack == pack)
     }
