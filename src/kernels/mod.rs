@@ -40,6 +40,21 @@ pub enum RowRef<'a> {
     },
 }
 
+impl<'a> RowRef<'a> {
+    /// A packed row's format, columns, bytes and scales; `None` for f32.
+    pub(crate) fn packed(&self) -> Option<(QFormat, usize, &'a [u8], &'a [f32])> {
+        match *self {
+            RowRef::F32(_) => None,
+            RowRef::Packed {
+                format,
+                cols,
+                bytes,
+                scales,
+            } => Some((format, cols, bytes, scales)),
+        }
+    }
+}
+
 impl RowRef<'_> {
     /// Storage format (`F32` for an f32 row).
     pub fn format(&self) -> QFormat {

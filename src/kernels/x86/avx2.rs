@@ -389,15 +389,7 @@ unsafe fn nib_dot<const T: usize, const GROUPED: bool>(
 /// # Safety
 /// As [`dot_n`].
 unsafe fn nib_row<const T: usize>(row: &RowRef<'_>, acts: [&Acts<'_>; T]) -> Option<[f32; T]> {
-    let RowRef::Packed {
-        format,
-        cols,
-        bytes,
-        scales,
-    } = *row
-    else {
-        return None;
-    };
+    let (format, cols, bytes, scales) = row.packed()?;
     let groups = nib_groups(format, W)?;
     let mut xs = [ptr::null(); T];
     for (x, a) in xs.iter_mut().zip(acts) {

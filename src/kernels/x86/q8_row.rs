@@ -37,15 +37,7 @@ pub(super) struct Q8Row<'a> {
 /// group sizes that are neither whole activation blocks nor a power of two
 /// from 8 to 32): the caller then uses the scalar reference.
 pub(super) fn q8_row<'a>(row: &RowRef<'a>, a: &'a QActs) -> Option<Q8Row<'a>> {
-    let RowRef::Packed {
-        format,
-        cols,
-        bytes,
-        scales,
-    } = *row
-    else {
-        return None;
-    };
+    let (format, cols, bytes, scales) = row.packed()?;
     let pack = match format {
         QFormat::Int8 => 1,
         QFormat::Int2 => 4,
