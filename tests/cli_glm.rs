@@ -5,19 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use colibri::cli::validate::Reference;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
 }
 
 fn prompt_ids(name: &str) -> String {
-    let text = std::fs::read_to_string(fixture(name).join("REF.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let ids: Vec<String> = v["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
+    let r = Reference::load(&fixture(name).join("REF.json")).unwrap();
+    let ids: Vec<String> = r.prompt_ids.iter().map(u32::to_string).collect();
     ids.join(",")
 }
 

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use colibri::cli::validate::Reference;
 use colibri::convert::{ConvertError, convert, parse_format};
 use colibri::engine::{Engine, EngineOptions};
 use colibri::quant::QFormat;
@@ -18,14 +19,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn prompt(dir: &Path) -> Vec<u32> {
-    let text = std::fs::read_to_string(dir.join("REF.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    Reference::load(&dir.join("REF.json")).unwrap().prompt_ids
 }
 
 fn generate(dir: &Path, opts: &EngineOptions, n: usize) -> Vec<u32> {

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use colibri::cli::validate::Reference;
 use colibri::engine::speculative::{DraftMode, SpecOptions, Speculator};
 use colibri::engine::{Engine, EngineOptions};
 use colibri::sampling::{Sampler, SamplingParams};
@@ -12,14 +13,7 @@ fn dir(name: &str) -> PathBuf {
 }
 
 fn prompt(name: &str) -> Vec<u32> {
-    let text = std::fs::read_to_string(dir(name).join("REF.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    Reference::load(&dir(name).join("REF.json")).unwrap().prompt_ids
 }
 
 /// Generates `n` tokens (ignoring stop ids) in two turns, so the second turn
