@@ -351,15 +351,7 @@ fn fixture_model_serves_with_its_template() {
 }
 
 fn chat(input: &[u8], args: &[&str]) -> (bool, String, String) {
-    let mut child = Command::new(support::coli())
-        .arg("chat")
-        .args(args)
-        .env_remove("COLI_MODEL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = support::spawn_coli(["chat"].iter().chain(args));
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input).unwrap();
     drop(stdin);

@@ -82,20 +82,31 @@ fn drain<R: Read + Send + 'static>(mut r: R, mut sink: impl FnMut(Vec<u8>) -> bo
     });
 }
 
+/// Starts `coli ARGS...` with piped stdin, stdout and stderr and no
+/// `COLI_MODEL` from the environment.
+pub fn spawn_coli<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> Child {
+    Command::new(coli())
+        .args(args)
+        .env_remove("COLI_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning coli")
+}
+
 impl Server {
     /// Starts `coli serve --model MODEL ARGS...` (no READY read yet).
     pub fn spawn(model: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(coli())
-            .arg("serve")
-            .arg("--model")
-            .arg(model)
-            .args(args)
-            .env_remove("COLI_MODEL")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning coli serve");
+        let mut child = spawn_coli(
+            [
+                std::ffi::OsStr::new("serve"),
+                "--model".as_ref(),
+                model.as_os_str(),
+            ]
+            .into_iter()
+            .chain(args.iter().map(std::ffi::OsStr::new)),
+        );
         let stdin = child.stdin.take();
         let (tx, rx) = channel();
         if let Some(out) = child.stdout.take() {
