@@ -89,7 +89,11 @@ struct HalfScales<'a> {
 impl<'a> HalfScales<'a> {
     #[target_feature(enable = "avx2,fma")]
     fn new(scales: &'a [f32], scaling: Scaling) -> Self {
-        let (group, shift) = scaling.walk();
+        let (group, shift) = match scaling {
+            Scaling::Halves { group } => (group, 0),
+            Scaling::Narrow { shift, .. } => (64, shift),
+            Scaling::Row(_) => (64, 0),
+        };
         Self {
             scales,
             scaling,

@@ -19,18 +19,6 @@ pub(super) enum Scaling {
     Narrow { shift: u32, per: usize },
 }
 
-impl Scaling {
-    /// The group length a [`HalfWalk`] counts (64 where there are no
-    /// half-chunk groups) and the lane shift of `Narrow`.
-    pub fn walk(&self) -> (usize, u32) {
-        match *self {
-            Scaling::Halves { group } => (group, 0),
-            Scaling::Narrow { shift, .. } => (64, shift),
-            Scaling::Row(_) => (64, 0),
-        }
-    }
-}
-
 /// A grouped row's weight scales, 64 columns (half a 128-column int4
 /// chunk) at a time, counted into their groups so the kernels' loops do no
 /// division. For [`Scaling::Halves`].

@@ -76,7 +76,11 @@ struct ScaleWalk<'a> {
 impl<'a> ScaleWalk<'a> {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     fn new(scales: &'a [f32], scaling: Scaling) -> Self {
-        let (group, shift) = scaling.walk();
+        let (group, shift) = match scaling {
+            Scaling::Halves { group } => (group, 0),
+            Scaling::Narrow { shift, .. } => (64, shift),
+            Scaling::Row(_) => (64, 0),
+        };
         let rel = _mm512_srlv_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
             _mm512_set1_epi32(shift as i32),
