@@ -15,7 +15,7 @@
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::q8_row::{HalfWalk, Q8Row, Scaling, q8_row};
+use super::q8_row::{Q8Row, Scaling, q8_row};
 use crate::kernels::RowRef;
 use crate::kernels::q8::{QActs, dot_ref};
 
@@ -81,27 +81,24 @@ unsafe fn half_lanes<const PACK: usize>(
 struct HalfScales<'a> {
     scales: &'a [f32],
     scaling: Scaling,
-    halves: HalfWalk<'a>,
-    /// Narrow: lane `i` of a half takes the half's scale `i >> shift`.
-    idx: __m256i,
+    /// Halves: halves per group, group of the next half, halves left in it.
+    halves: usize,
+    group: usize,
+    left: usize,
 }
 
 impl<'a> HalfScales<'a> {
-    #[target_feature(enable = "avx2,fma")]
     fn new(scales: &'a [f32], scaling: Scaling) -> Self {
-        let (group, shift) = match scaling {
-            Scaling::Halves { group } => (group, 0),
-            Scaling::Narrow { shift, .. } => (64, shift),
-            Scaling::Row(_) => (64, 0),
+        let halves = match scaling {
+            Scaling::Halves { group } => group / 64,
+            _ => 0,
         };
         Self {
             scales,
             scaling,
-            halves: HalfWalk::new(scales, group),
-            idx: _mm256_srlv_epi32(
-                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                _mm256_set1_epi32(shift as i32),
-            ),
+            halves,
+            group: 0,
+            left: halves,
         }
     }
 
@@ -112,17 +109,30 @@ impl<'a> HalfScales<'a> {
     fn next(&mut self, dv: __m256, c: usize, h: usize) -> __m256 {
         match self.scaling {
             Scaling::Row(_) => dv,
-            Scaling::Halves { .. } => _mm256_mul_ps(dv, _mm256_set1_ps(self.halves.next())),
+            Scaling::Halves { .. } => {
+                if self.left == 0 {
+                    self.group += 1;
+                    self.left = self.halves;
+                }
+                self.left -= 1;
+                // Past the row's last group only padding remains (zero lanes).
+                let s = self.scales[self.group.min(self.scales.len() - 1)];
+                _mm256_mul_ps(dv, _mm256_set1_ps(s))
+            }
             Scaling::Narrow { shift, per } => {
                 // Lane `8h + i` takes scale `(8h + i) >> shift` of the chunk;
                 // `8h` is a multiple of `1 << shift` (shift <= 2 here).
                 let base = c * per + ((8 * h) >> shift);
                 let n = (8usize >> shift).min(self.scales.len().saturating_sub(base)) as i32;
+                let idx = _mm256_srlv_epi32(
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                    _mm256_set1_epi32(shift as i32),
+                );
                 let m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
                 // SAFETY: masked to the `n` scales left in the row; masked-off
                 // lanes are not read.
                 let raw = unsafe { _mm256_maskload_ps(self.scales.as_ptr().wrapping_add(base), m) };
-                _mm256_mul_ps(dv, _mm256_permutevar8x32_ps(raw, self.idx))
+                _mm256_mul_ps(dv, _mm256_permutevar8x32_ps(raw, idx))
             }
         }
     }

@@ -19,42 +19,6 @@ pub(super) enum Scaling {
     Narrow { shift: u32, per: usize },
 }
 
-/// A grouped row's weight scales, 64 columns (half a 128-column int4
-/// chunk) at a time, counted into their groups so the kernels' loops do no
-/// division. For [`Scaling::Halves`].
-pub(super) struct HalfWalk<'a> {
-    scales: &'a [f32],
-    /// Halves per group, group of the next half, halves left in it.
-    halves: usize,
-    group: usize,
-    left: usize,
-}
-
-impl<'a> HalfWalk<'a> {
-    /// Walks `scales` of groups of `group` columns (a multiple of 64).
-    pub fn new(scales: &'a [f32], group: usize) -> Self {
-        let halves = (group / 64).max(1);
-        Self {
-            scales,
-            halves,
-            group: 0,
-            left: halves,
-        }
-    }
-
-    /// Scale of the next 64-column half.
-    #[inline]
-    pub fn next(&mut self) -> f32 {
-        if self.left == 0 {
-            self.group += 1;
-            self.left = self.halves;
-        }
-        self.left -= 1;
-        // Past the row's last group only padding remains (zero lanes).
-        self.scales[self.group.min(self.scales.len() - 1)]
-    }
-}
-
 /// A packed row ready for an integer kernel.
 pub(super) struct Q8Row<'a> {
     /// Columns per weight byte: 1 int8, 2 int4, 4 int2.
@@ -86,7 +50,7 @@ pub(super) fn q8_row<'a>(row: &RowRef<'a>, a: &'a QActs) -> Option<Q8Row<'a>> {
             let group = format.group_len(cols);
             match nib_groups(format, 16) {
                 // Whole activation blocks per group (128-column chunks included).
-                _ if group > 0 && group.is_multiple_of(64) => Scaling::Halves { group },
+                _ if group.is_multiple_of(64) => Scaling::Halves { group },
                 Some(NibGroups::Narrow { shift, per }) => Scaling::Narrow { shift, per },
                 _ => return None,
             }

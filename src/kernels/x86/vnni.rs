@@ -19,7 +19,7 @@
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::q8_row::{HalfWalk, Scaling, q8_row};
+use super::q8_row::{Scaling, q8_row};
 use crate::kernels::RowRef;
 use crate::kernels::q8::{Lanes, QActs, dot_ref};
 
@@ -62,13 +62,16 @@ unsafe fn chunk_lanes<const PACK: usize>(v: __m512i, planes: *const i8, corr: __
 }
 
 /// Walks a grouped row's scales chunk by chunk, so the loop does no
-/// division: `Halves` through [`HalfWalk`], `Narrow` stepping `per` scales
-/// a chunk.
+/// division: `Halves` counts 64-column halves into their groups, `Narrow`
+/// steps `per` scales a chunk.
 struct ScaleWalk<'a> {
     scales: &'a [f32],
     scaling: Scaling,
     rel: __m512i,
-    halves: HalfWalk<'a>,
+    /// Halves: halves per group, group of the next half, halves left in it.
+    halves: usize,
+    group: usize,
+    left: usize,
     /// Narrow: first scale of the next chunk.
     first: usize,
 }
@@ -76,10 +79,10 @@ struct ScaleWalk<'a> {
 impl<'a> ScaleWalk<'a> {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     fn new(scales: &'a [f32], scaling: Scaling) -> Self {
-        let (group, shift) = match scaling {
-            Scaling::Halves { group } => (group, 0),
-            Scaling::Narrow { shift, .. } => (64, shift),
-            Scaling::Row(_) => (64, 0),
+        let (halves, shift) = match scaling {
+            Scaling::Halves { group } => (group / 64, 0),
+            Scaling::Narrow { shift, .. } => (0, shift),
+            Scaling::Row(_) => (0, 0),
         };
         let rel = _mm512_srlv_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -89,9 +92,23 @@ impl<'a> ScaleWalk<'a> {
             scales,
             scaling,
             rel,
-            halves: HalfWalk::new(scales, group),
+            halves,
+            group: 0,
+            left: halves,
             first: 0,
         }
+    }
+
+    /// Scale of the next 64-column half.
+    #[inline]
+    fn next_half(&mut self) -> f32 {
+        if self.left == 0 {
+            self.group += 1;
+            self.left = self.halves;
+        }
+        self.left -= 1;
+        // Past the row's last group only padding remains (zero lanes).
+        self.scales[self.group.min(self.scales.len() - 1)]
     }
 
     /// The next chunk's lane factors: its activation block scales `dv`
@@ -102,7 +119,7 @@ impl<'a> ScaleWalk<'a> {
         match self.scaling {
             Scaling::Row(_) => dv,
             Scaling::Halves { .. } => {
-                let (lo, hi) = (self.halves.next(), self.halves.next());
+                let (lo, hi) = (self.next_half(), self.next_half());
                 // Two broadcasts joined as 256-bit halves (AVX-512F only;
                 // the f32x8 insert would need AVX-512DQ).
                 let sv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
