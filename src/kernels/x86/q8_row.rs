@@ -50,7 +50,7 @@ pub(super) fn q8_row<'a>(row: &RowRef<'a>, a: &'a QActs) -> Option<Q8Row<'a>> {
             let group = format.group_len(cols);
             match nib_groups(format, 16) {
                 // Whole activation blocks per group (128-column chunks included).
-                _ if group.is_multiple_of(64) => Scaling::Halves { group },
+                _ if group > 0 && group.is_multiple_of(64) => Scaling::Halves { group },
                 Some(NibGroups::Narrow { shift, per }) => Scaling::Narrow { shift, per },
                 _ => return None,
             }
