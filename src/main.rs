@@ -7,7 +7,20 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let trace = cli.command.engine_args().and_then(|a| a.trace.clone());
     let _telemetry = colibri::telemetry::init(trace.as_deref());
-    let result = match cli.command {
+    let threads = cli
+        .command
+        .engine_args()
+        .and_then(|a| a.threads)
+        .map(|t| t as usize);
+    // The command itself runs on one of the compute threads, so the thread
+    // that drives a forward pass also takes its share of every matmul
+    // instead of sleeping while the others work.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .stack_size(16 << 20)
+        .thread_name(|i| format!("coli-compute-{i}"))
+        .build();
+    let command = move || match cli.command {
         Command::Run(a) => run::run(a).map(|_| true),
         Command::Validate(a) => validate::run(a),
         Command::Convert(a) => convert::run(a).map(|_| true),
@@ -15,6 +28,10 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::run(a).map(|_| true),
         Command::Synth(a) => synth::run(a).map(|_| true),
         Command::Bench(a) => bench::run(a),
+    };
+    let result = match pool {
+        Ok(pool) => pool.install(command),
+        Err(e) => Err(anyhow::anyhow!("cannot start the compute threads: {e}")),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

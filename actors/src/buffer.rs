@@ -5,6 +5,12 @@
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Bytes an expert is decoded from, shared with the matrices that point
+/// into them: an [`AlignedBuf`] a worker read into, or a read-only mapping
+/// of the container.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// Alignment of every expert buffer (the page size and the O_DIRECT block).
 pub const BUF_ALIGN: usize = 4096;

@@ -10,7 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::buffer::AlignedBuf;
+use crate::buffer::{AlignedBuf, SharedBytes};
 use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
 use crate::tag::Tag;
@@ -23,8 +23,11 @@ pub const MAX_READ_GAP: u64 = 64 * 1024;
 /// Turns an expert's raw bytes into the form compute uses. Implemented by the
 /// model crate; runs on whichever thread delivered the bytes.
 pub trait ExpertDecoder<T>: Send + Sync {
-    /// `piece_at[i]` is where piece `i` of the expert's extent starts in `buf`.
-    fn decode(&self, key: ExpertKey, buf: AlignedBuf, piece_at: &[usize]) -> Result<T, String>;
+    /// `piece_at[i]` is where piece `i` of the expert's extent starts in
+    /// `bytes`. The decoded value may keep `bytes` alive and point into it
+    /// (no copy): `bytes` is a private read buffer for streamed experts and
+    /// the container's read-only mapping for mapped ones.
+    fn decode(&self, key: ExpertKey, bytes: SharedBytes, piece_at: &[usize]) -> Result<T, String>;
 
     /// Bytes the decoded expert keeps in memory (the cache budget unit).
     fn resident_bytes(&self, value: &T) -> usize;
@@ -60,13 +63,35 @@ impl SourceStats {
 /// A callback that receives `(index into keys, expert)`.
 pub type ExpertSink<'a, T> = dyn FnMut(usize, Arc<T>) -> Result<(), SourceError> + 'a;
 
+/// A callback that receives a group of `(index into keys, expert)` at once:
+/// everything available when it is called (all resident experts of a layer
+/// in one call), so compute can spread one group over its threads instead
+/// of waking up once per expert.
+pub type ExpertBatchSink<'a, T> = dyn FnMut(&[(usize, Arc<T>)]) -> Result<(), SourceError> + 'a;
+
 /// Delivers routed experts to layer compute.
 pub trait ExpertSource<T>: Send + Sync {
     /// Delivers every expert in `keys` to `sink`, each once, with its index in
-    /// `keys`. Order is unspecified (resident experts first is typical), so a
+    /// `keys`, in groups of whatever is available (never an empty group).
+    /// Order is unspecified (resident experts first is typical), so a
     /// caller that wants deterministic numbers must combine results by index,
     /// not by arrival. Returns when all were delivered or one failed.
-    fn fetch(&self, tag: Tag, keys: &[ExpertKey], sink: &mut ExpertSink<'_, T>) -> Result<(), SourceError>;
+    fn fetch_batch(
+        &self,
+        tag: Tag,
+        keys: &[ExpertKey],
+        sink: &mut ExpertBatchSink<'_, T>,
+    ) -> Result<(), SourceError>;
+
+    /// [`ExpertSource::fetch_batch`], one expert per call.
+    fn fetch(&self, tag: Tag, keys: &[ExpertKey], sink: &mut ExpertSink<'_, T>) -> Result<(), SourceError> {
+        self.fetch_batch(tag, keys, &mut |group| {
+            for (i, e) in group {
+                sink(*i, e.clone())?;
+            }
+            Ok(())
+        })
+    }
 
     /// The residual after `tag.layer - 1`'s attention, offered so a pilot can
     /// predict `tag.layer`'s experts. Sources without a pilot ignore it.
@@ -125,7 +150,7 @@ impl<T: Send + Sync> BlockingSource<T> {
         let (buf, piece_at) = read_expert(&self.map, &self.files, key)?;
         self.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.decoder
-            .decode(key, buf, &piece_at)
+            .decode(key, Arc::new(buf), &piece_at)
             .map_err(|reason| SourceError::Decode { key, reason })
     }
 }
@@ -157,11 +182,16 @@ pub fn read_expert(
 }
 
 impl<T: Send + Sync> ExpertSource<T> for BlockingSource<T> {
-    fn fetch(&self, _tag: Tag, keys: &[ExpertKey], sink: &mut ExpertSink<'_, T>) -> Result<(), SourceError> {
+    fn fetch_batch(
+        &self,
+        _tag: Tag,
+        keys: &[ExpertKey],
+        sink: &mut ExpertBatchSink<'_, T>,
+    ) -> Result<(), SourceError> {
         for (i, &key) in keys.iter().enumerate() {
             let expert = self.load(key)?;
             self.misses.fetch_add(1, Ordering::Relaxed);
-            sink(i, Arc::new(expert))?;
+            sink(&[(i, Arc::new(expert))])?;
         }
         Ok(())
     }

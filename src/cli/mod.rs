@@ -124,6 +124,16 @@ pub struct EngineArgs {
     /// does: faster, not token-exact against the f32-activation path.
     #[arg(long)]
     pub int8_acts: bool,
+    /// Where routed experts live: `mapped` serves them in place from the
+    /// container's mapping (no copies, no I/O threads), `streamed` through
+    /// the private cache, I/O workers and pilot; `auto` maps when every
+    /// expert fits the memory budget and no streaming option is given.
+    #[arg(long, default_value = "auto", value_name = "auto|mapped|streamed")]
+    pub placement: crate::engine::Placement,
+    /// Compute threads, the calling thread included (default: every CPU,
+    /// or RAYON_NUM_THREADS when set).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024), value_name = "N")]
+    pub threads: Option<u64>,
     /// Strict no-overlap mode (loads and compute in sequence), for comparison.
     #[arg(long)]
     pub no_overlap: bool,
@@ -159,6 +169,7 @@ impl EngineArgs {
             overlap: !self.no_overlap,
             kv_slots: 1,
             int8_acts: self.int8_acts,
+            placement: self.placement,
         }
     }
 }

@@ -9,7 +9,7 @@ mod slot_store;
 pub mod speculative;
 
 pub use generate::{GenStats, Session, StopReason};
-pub use options::EngineOptions;
+pub use options::{EngineOptions, Placement};
 pub use serve_engine::{EngineServer, LastCall, ServeEngineError, SlotOptions};
 pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 
@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use colibri_actors::cache::default_ram_budget;
 use colibri_actors::{
-    ExpertMap, ExpertSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor, SimSpec,
-    SourceStats, Tag,
+    ExpertMap, ExpertSource, MappedSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor,
+    SimSpec, SourceStats, Tag,
 };
 
 use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
@@ -104,6 +104,13 @@ impl SourceFactory<'_> {
             }
             None => default_ram_budget(None, needs.kv_bytes + WORKING_SET_BYTES),
         };
+        let placement = self.placement(&map, ram_budget_bytes);
+        tracing::info!(?placement, budget = ?ram_budget_bytes, "expert placement");
+        if placement == Placement::Mapped {
+            let source =
+                MappedSource::open(map, Box::new(codec), ram_budget_bytes, true).map_err(ModelError::from)?;
+            return Ok(Arc::new(source));
+        }
         let config = PipelineConfig {
             io_workers: o.io_workers.max(1),
             cache_cap: o.cache_cap,
@@ -120,6 +127,29 @@ impl SourceFactory<'_> {
         let source =
             PipelineSource::open(map, Box::new(codec), predictor, config).map_err(ModelError::from)?;
         Ok(Arc::new(source))
+    }
+}
+
+impl SourceFactory<'_> {
+    /// The placement `--placement` asks for; `auto` maps the container when
+    /// every expert fits the budget and no option names a streaming-only
+    /// feature (a per-layer cap, a simulated disk, O_DIRECT or copy-out
+    /// reads, the no-overlap baseline).
+    pub fn placement(&self, map: &ExpertMap, budget: Option<u64>) -> Placement {
+        let o = self.opts;
+        match o.placement {
+            Placement::Mapped | Placement::Streamed => o.placement,
+            Placement::Auto => {
+                let capped = o.cache_cap.is_some_and(|c| c < map.experts_per_layer);
+                let streaming_only = capped || o.disk_sim.is_some() || o.direct || o.mmap || !o.overlap;
+                let fits = budget.is_some_and(|b| MappedSource::<()>::expert_bytes(map) <= b);
+                if fits && !streaming_only {
+                    Placement::Mapped
+                } else {
+                    Placement::Streamed
+                }
+            }
+        }
     }
 }
 

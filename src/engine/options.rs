@@ -1,5 +1,32 @@
 //! Engine options shared by every command (CONTRACTS.md section 1).
 
+/// Where routed experts live while a model runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Mapped when every expert fits the memory budget and no option asks
+    /// for the streaming pipeline, else streamed.
+    #[default]
+    Auto,
+    /// Served in place from a read-only mapping of the container: no copy,
+    /// no I/O threads (`MappedSource`).
+    Mapped,
+    /// A private cache fed by the I/O workers and the pilot
+    /// (`PipelineSource`), for models larger than the budget.
+    Streamed,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "mapped" => Ok(Self::Mapped),
+            "streamed" => Ok(Self::Streamed),
+            _ => Err(format!("expected auto, mapped or streamed, got {s:?}")),
+        }
+    }
+}
+
 /// How the engine places and runs a model. None of these may change the
 /// generated tokens, only speed and memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,6 +50,8 @@ pub struct EngineOptions {
     /// `--expert-bits`, a numeric choice: it changes the tokens, and the
     /// tokens then still never depend on placement).
     pub int8_acts: bool,
+    /// Where routed experts live (never changes the tokens).
+    pub placement: Placement,
 }
 
 impl Default for EngineOptions {
@@ -41,6 +70,7 @@ impl Default for EngineOptions {
             overlap: true,
             kv_slots: 1,
             int8_acts: false,
+            placement: Placement::Auto,
         }
     }
 }

@@ -35,6 +35,19 @@ pub fn report(stats: &GenStats, before: &PipelineProfile, after: &PipelineProfil
         stats.decode_secs,
         stats.generated.len()
     ));
+    let budget = match after.cache_budget {
+        Some(b) => format!("{:.2} GB budget", b as f64 / 1e9),
+        None => "no budget".to_string(),
+    };
+    out.push_str(&format!(
+        "  placement: {} ({budget}, {:.2} GB of experts resident)\n",
+        match after.placement {
+            "mapped" => "mapped (experts served in place from the container's mapping, zero-copy)",
+            "streamed" => "streamed (private expert cache fed by the I/O workers and the pilot)",
+            other => other,
+        },
+        after.cache_bytes as f64 / 1e9
+    ));
     out.push_str(&format!("  disk wait       {:>8.3}s {:>5.1}%\n", wait, pct(wait)));
     out.push_str(&format!(
         "  expert compute  {:>8.3}s {:>5.1}%\n",

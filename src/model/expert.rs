@@ -1,8 +1,6 @@
 //! A routed SwiGLU expert as compute sees it, and how its bytes become one.
 
-use std::sync::Arc;
-
-use colibri_actors::{AlignedBuf, ExpertDecoder, ExpertExtent, ExpertKey};
+use colibri_actors::{ExpertDecoder, ExpertExtent, ExpertKey, SharedBytes};
 use safetensors::Dtype;
 
 use crate::model::ModelError;
@@ -152,13 +150,13 @@ impl ExpertCodec {
         &self,
         want: QFormat,
         slot: &MatrixSlot,
-        buf: &Arc<AlignedBuf>,
+        bytes: &SharedBytes,
         piece_at: &[usize],
     ) -> Result<QMatrix, String> {
         let store = |(i, len): (usize, usize)| {
             let start = *piece_at.get(i).ok_or_else(|| format!("piece {i} missing"))?;
-            let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = buf.clone();
-            ByteStore::slice_of(owner, start, len).ok_or_else(|| format!("piece {i} runs past the buffer"))
+            ByteStore::slice_of(bytes.clone(), start, len)
+                .ok_or_else(|| format!("piece {i} runs past the buffer"))
         };
         let data = store(slot.data)?;
         let scales = match slot.scales {
@@ -172,8 +170,7 @@ impl ExpertCodec {
 }
 
 impl ExpertDecoder<ExpertWeights> for ExpertCodec {
-    fn decode(&self, key: ExpertKey, buf: AlignedBuf, piece_at: &[usize]) -> Result<ExpertWeights, String> {
-        let buf = Arc::new(buf);
+    fn decode(&self, key: ExpertKey, buf: SharedBytes, piece_at: &[usize]) -> Result<ExpertWeights, String> {
         let lc = self
             .layers
             .get(key.layer as usize)

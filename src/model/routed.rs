@@ -3,6 +3,7 @@
 //! same and must stay deterministic.
 
 use colibri_actors::{ExpertKey, ExpertSource, SourceError, Tag};
+use rayon::prelude::*;
 
 use crate::model::expert::ExpertWeights;
 
@@ -43,17 +44,32 @@ pub fn routed_sum(
 
     // outputs[i]: expert wanted[i]'s output rows for its users, in user order.
     let mut outputs: Vec<Option<Vec<f32>>> = vec![None; wanted.len()];
-    source.fetch(tag, &keys, &mut |i, expert| {
-        let e = wanted[i];
-        let _s = tracing::trace_span!("expert_matmul", layer = tag.layer, expert = e).entered();
-        let m = users[e].len();
-        let mut xin = Vec::with_capacity(m * hidden);
-        for &(t, _) in &users[e] {
-            xin.extend_from_slice(&xn[t * hidden..(t + 1) * hidden]);
+    source.fetch_batch(tag, &keys, &mut |group| {
+        // One group is everything that is ready (all resident experts of the
+        // layer at once): its experts run side by side on the compute
+        // threads, each writing only its own output slot.
+        let run = |&(i, ref expert): &(usize, std::sync::Arc<ExpertWeights>)| {
+            let e = wanted[i];
+            let _s = tracing::trace_span!("expert_matmul", layer = tag.layer, expert = e).entered();
+            let m = users[e].len();
+            let mut xin = Vec::with_capacity(m * hidden);
+            for &(t, _) in &users[e] {
+                xin.extend_from_slice(&xn[t * hidden..(t + 1) * hidden]);
+            }
+            let mut y = vec![0f32; m * hidden];
+            expert.forward(&xin, m, &mut y);
+            (i, y)
+        };
+        let done: Vec<(usize, Vec<f32>)> = if group.len() == 1 {
+            group.iter().map(run).collect()
+        } else {
+            group.par_iter().map(run).collect()
+        };
+        for (i, y) in done {
+            if let Some(slot) = outputs.get_mut(i) {
+                *slot = Some(y);
+            }
         }
-        let mut y = vec![0f32; m * hidden];
-        expert.forward(&xin, m, &mut y);
-        outputs[i] = Some(y);
         Ok(())
     })?;
 

@@ -100,9 +100,11 @@ fn load<T>(
         report.read_ns += t0.elapsed().as_nanos() as u64;
         r?
     };
-    let decoded = catch_unwind(AssertUnwindSafe(|| ctx.decoder.decode(key, buf, &piece_at)))
-        .unwrap_or_else(|_| Err("the decoder panicked".to_string()))
-        .map_err(|reason| SourceError::Decode { key, reason })?;
+    let decoded = catch_unwind(AssertUnwindSafe(|| {
+        ctx.decoder.decode(key, Arc::new(buf), &piece_at)
+    }))
+    .unwrap_or_else(|_| Err("the decoder panicked".to_string()))
+    .map_err(|reason| SourceError::Decode { key, reason })?;
     let resident_bytes = ctx.decoder.resident_bytes(&decoded) as u64;
     Ok(LoadedExpert {
         value: Arc::new(decoded),

@@ -215,6 +215,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             self.publish_recall();
         }
         let mut remaining = 0;
+        let mut hits = Vec::new();
         for (idx, key) in items {
             let hit = if mode == FetchMode::LoadOnly {
                 self.cache.peek(key)
@@ -231,13 +232,17 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                 h
             };
             if let Some(v) = hit {
-                let _ = reply.try_send(Delivery::Expert(idx, v));
+                hits.push((idx, v));
             } else if mode == FetchMode::HitsOnly {
                 let _ = reply.try_send(Delivery::Missing(idx));
             } else {
                 self.add_waiter(key, tag, id, idx);
                 remaining += 1;
             }
+        }
+        if !hits.is_empty() {
+            // All resident experts in one message: one wake-up for compute.
+            let _ = reply.try_send(Delivery::Experts(hits));
         }
         if remaining > 0 {
             self.pending.insert(

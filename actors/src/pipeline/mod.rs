@@ -28,7 +28,7 @@ use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
 use crate::io::{IoPool, IoPoolConfig};
 use crate::pilot::{self, PilotMsg, Predictor};
-use crate::source::{ExpertDecoder, ExpertSink, ExpertSource, SourceStats};
+use crate::source::{ExpertBatchSink, ExpertDecoder, ExpertSource, SourceStats};
 use crate::storage::{Storage, open_storage};
 use crate::tag::Tag;
 
@@ -156,6 +156,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         p.elapsed_ns = self.started.elapsed().as_nanos() as u64;
         p.cache_budget = self.config.ram_budget_bytes;
         p.storage = self.storage_kind;
+        p.placement = "streamed";
         p
     }
 
@@ -177,13 +178,14 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
     }
 
     /// Sends one fetch to the coordinator and feeds the sink until every
-    /// item is answered. Returns the indices answered `Missing`.
+    /// item is answered, each call with everything that has arrived by then.
+    /// Returns the indices answered `Missing`.
     fn run_fetch(
         &self,
         tag: Tag,
         items: Vec<(usize, ExpertKey)>,
         mode: FetchMode,
-        sink: &mut ExpertSink<'_, T>,
+        sink: &mut ExpertBatchSink<'_, T>,
         seen: &mut [bool],
     ) -> Result<Vec<usize>, SourceError> {
         let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
@@ -199,39 +201,54 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             })
             .map_err(|_| shutdown_err())?;
         let mut missing = Vec::new();
+        let mut group: Vec<(usize, Arc<T>)> = Vec::new();
         let c = &self.counters;
         while remaining > 0 {
             let t0 = Instant::now();
-            let d = {
+            let first = {
                 let _span = tracing::debug_span!("expert_wait", layer = tag.layer).entered();
                 rx.recv()
             };
             Counters::add(&c.wait_ns, t0.elapsed().as_nanos() as u64);
-            match d {
-                Ok(Delivery::Expert(idx, v)) => {
-                    if seen.get(idx).copied() != Some(false) {
-                        continue;
+            // Whatever else has arrived meanwhile joins the same group.
+            let mut next = Some(first.map_err(|_| shutdown_err())?);
+            while let Some(d) = next.take() {
+                match d {
+                    Delivery::Experts(v) => group.extend(v),
+                    Delivery::Expert(idx, v) => group.push((idx, v)),
+                    Delivery::Missing(idx) => {
+                        if seen.get(idx).copied() == Some(false) {
+                            seen[idx] = true;
+                            missing.push(idx);
+                            remaining -= 1;
+                        }
                     }
-                    seen[idx] = true;
-                    remaining -= 1;
-                    let t1 = Instant::now();
-                    let r = sink(idx, v);
-                    Counters::add(&c.sink_ns, t1.elapsed().as_nanos() as u64);
-                    if let Err(e) = r {
+                    Delivery::Failed(e) => {
                         let _ = self.coord.try_send(CoordMsg::Abandon { id });
                         return Err(e);
                     }
+                    Delivery::Cancelled => return Err(SourceError::Cancelled),
                 }
-                Ok(Delivery::Missing(idx)) => {
-                    missing.push(idx);
-                    remaining -= 1;
+                next = rx.try_recv().ok();
+            }
+            group.retain(|(idx, _)| {
+                let fresh = seen.get(*idx).copied() == Some(false);
+                if fresh {
+                    seen[*idx] = true;
                 }
-                Ok(Delivery::Failed(e)) => {
-                    let _ = self.coord.try_send(CoordMsg::Abandon { id });
-                    return Err(e);
-                }
-                Ok(Delivery::Cancelled) => return Err(SourceError::Cancelled),
-                Err(_) => return Err(shutdown_err()),
+                fresh
+            });
+            if group.is_empty() {
+                continue;
+            }
+            remaining -= group.len();
+            let t1 = Instant::now();
+            let r = sink(&group);
+            Counters::add(&c.sink_ns, t1.elapsed().as_nanos() as u64);
+            group.clear();
+            if let Err(e) = r {
+                let _ = self.coord.try_send(CoordMsg::Abandon { id });
+                return Err(e);
             }
         }
         Ok(missing)
@@ -241,7 +258,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         &self,
         tag: Tag,
         keys: &[ExpertKey],
-        sink: &mut ExpertSink<'_, T>,
+        sink: &mut ExpertBatchSink<'_, T>,
     ) -> Result<(), SourceError> {
         let items: Vec<(usize, ExpertKey)> = keys.iter().copied().enumerate().collect();
         let mut seen = vec![false; keys.len()];
@@ -251,6 +268,8 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         }
         let missing = self.run_fetch(tag, items, FetchMode::HitsOnly, sink, &mut seen)?;
         for idx in missing {
+            // `Missing` marked it seen; the load below delivers it.
+            seen[idx] = false;
             self.run_fetch(tag, vec![(idx, keys[idx])], FetchMode::LoadOnly, sink, &mut seen)?;
         }
         Ok(())
@@ -258,7 +277,12 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
 }
 
 impl<T: Send + Sync + 'static> ExpertSource<T> for PipelineSource<T> {
-    fn fetch(&self, tag: Tag, keys: &[ExpertKey], sink: &mut ExpertSink<'_, T>) -> Result<(), SourceError> {
+    fn fetch_batch(
+        &self,
+        tag: Tag,
+        keys: &[ExpertKey],
+        sink: &mut ExpertBatchSink<'_, T>,
+    ) -> Result<(), SourceError> {
         if keys.is_empty() {
             return Ok(());
         }

@@ -47,6 +47,9 @@ pub(crate) enum CoordMsg<T> {
 
 /// What a waiting `fetch` receives.
 pub(crate) enum Delivery<T> {
+    /// Every hit of a fetch, in one message.
+    Experts(Vec<(usize, Arc<T>)>),
+    /// One miss, on arrival.
     Expert(usize, Arc<T>),
     Missing(usize),
     Failed(SourceError),

@@ -26,8 +26,12 @@ macro_rules! counters {
             pub elapsed_ns: u64,
             /// The cache's byte budget, if any.
             pub cache_budget: Option<u64>,
-            /// Backend name ("pread", "direct", "mmap", "sim").
+            /// Backend name ("pread", "direct", "mmap", "sim", "mapped").
             pub storage: &'static str,
+            /// How experts are placed: "streamed" (private cache fed by
+            /// the I/O workers) or "mapped" (served in place from the
+            /// container's mapping).
+            pub placement: &'static str,
         }
 
         impl Counters {
@@ -53,6 +57,7 @@ macro_rules! counters {
                     elapsed_ns: now.elapsed_ns.saturating_sub(earlier.elapsed_ns),
                     cache_budget: now.cache_budget,
                     storage: now.storage,
+                    placement: now.placement,
                 };
                 p.cache_bytes = now.cache_bytes;
                 p.cache_entries = now.cache_entries;

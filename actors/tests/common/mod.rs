@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use colibri_actors::buffer::BUF_ALIGN;
 use colibri_actors::storage::{PreadStorage, SplitMix64};
 use colibri_actors::{
-    AlignedBuf, ExpertDecoder, ExpertExtent, ExpertKey, ExpertMap, ExpertSource, FileId, Piece, Predictor,
+    ExpertDecoder, ExpertExtent, ExpertKey, ExpertMap, ExpertSource, FileId, Piece, Predictor, SharedBytes,
     SourceError, Storage, Tag,
 };
 
@@ -124,7 +125,7 @@ impl Fixture {
 pub struct MockExpert {
     pub key: ExpertKey,
     pub checksum: u64,
-    pub buf: AlignedBuf,
+    pub buf: SharedBytes,
 }
 
 /// Verifies every piece holds exactly the pattern of the requested key.
@@ -133,15 +134,15 @@ pub struct MockDecoder {
 }
 
 impl ExpertDecoder<MockExpert> for MockDecoder {
-    fn decode(&self, key: ExpertKey, buf: AlignedBuf, piece_at: &[usize]) -> Result<MockExpert, String> {
+    fn decode(&self, key: ExpertKey, buf: SharedBytes, piece_at: &[usize]) -> Result<MockExpert, String> {
         let ext = self.map.extent(key).map_err(|e| e.to_string())?;
         if piece_at.len() != ext.pieces.len() {
             return Err("piece count".into());
         }
         let mut h = Vec::new();
         for (p, (piece, &at)) in ext.pieces.iter().zip(piece_at).enumerate() {
-            let got = buf
-                .as_slice()
+            let got = (*buf)
+                .as_ref()
                 .get(at..at + piece.len as usize)
                 .ok_or_else(|| format!("piece {p} out of the buffer"))?;
             let mut want = vec![0u8; piece.len as usize];
@@ -159,7 +160,8 @@ impl ExpertDecoder<MockExpert> for MockDecoder {
     }
 
     fn resident_bytes(&self, value: &MockExpert) -> usize {
-        value.buf.capacity()
+        // What the worker's aligned buffer allocated for it.
+        (*value.buf).as_ref().len().div_ceil(BUF_ALIGN).max(1) * BUF_ALIGN
     }
 }
 
