@@ -44,9 +44,11 @@ fn f32_is_token_exact() {
 
 #[test]
 fn int8_experts_and_dense_within_one_mismatch() {
+    // f32 activations: the exact path over int8 weights.
     let opts = EngineOptions {
         expert_bits: 8,
         dense_bits: 8,
+        int8_acts: false,
         ..EngineOptions::default()
     };
     for dir in fixtures() {

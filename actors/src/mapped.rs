@@ -8,8 +8,9 @@
 //! caller's thread: the first use of an expert decodes it once (its matrices
 //! point into the mapping, so nothing is copied) and every later use is a
 //! hit. One background thread asks the kernel to read the expert region
-//! ahead (`madvise(WILLNEED)`) so a cold start faults in from the page cache
-//! rather than from the disk, one page at a time.
+//! ahead and map it (`madvise(WILLNEED)`, then `MADV_POPULATE_READ`), so
+//! compute neither waits for the disk one page at a time on a cold start
+//! nor takes a page fault per 4 KiB on first use.
 //!
 //! An expert whose pieces span several files (a sharded checkpoint) is
 //! copied into an owned buffer once instead; it is still decoded only once.
@@ -155,6 +156,13 @@ impl<T: Send + Sync + 'static> MappedSource<T> {
                         if let Err(e) = f.0.advise_range(Advice::WillNeed, at, len) {
                             tracing::debug!(error = %e, "madvise(WILLNEED) failed; read-ahead stops");
                             return;
+                        }
+                        // Page-table entries too, so compute does not take
+                        // a minor fault per 4 KiB on first use (Linux 5.14+;
+                        // older kernels refuse it, which only costs speed).
+                        #[cfg(target_os = "linux")]
+                        if let Err(e) = f.0.advise_range(Advice::PopulateRead, at, len) {
+                            tracing::debug!(error = %e, "madvise(POPULATE_READ) failed");
                         }
                         at += len;
                     }

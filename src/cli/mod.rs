@@ -119,10 +119,15 @@ pub struct EngineArgs {
     /// Simulated disk, e.g. `bw=200MB/s,lat=2ms,jitter=1ms,fail=0.01,seed=1`.
     #[arg(long)]
     pub disk_sim: Option<String>,
-    /// Multiply quantized matrices through int8-quantized activations and
-    /// integer dot products (AVX512-VNNI, else AVX2), as llama.cpp
-    /// does: faster, not token-exact against the f32-activation path.
+    /// Multiply quantized matrices through f32 activations: the
+    /// token-exact path that the transformers oracles check, slower than
+    /// the default int8 activations (integer dot products, as llama.cpp
+    /// does). f32 weights always take the exact path.
     #[arg(long)]
+    pub f32_acts: bool,
+    /// Int8 activations for quantized matrices: the default; accepted so
+    /// older scripts keep working.
+    #[arg(long, conflicts_with = "f32_acts", hide = true)]
     pub int8_acts: bool,
     /// Where routed experts live: `mapped` serves them in place from the
     /// container's mapping (no copies, no I/O threads), `streamed` through
@@ -168,7 +173,7 @@ impl EngineArgs {
             disk_sim: self.disk_sim.clone(),
             overlap: !self.no_overlap,
             kv_slots: 1,
-            int8_acts: self.int8_acts,
+            int8_acts: !self.f32_acts,
             placement: self.placement,
         }
     }

@@ -46,9 +46,10 @@ pub struct EngineOptions {
     pub overlap: bool,
     /// Conversations held at once (sizes the KV part of the memory budget).
     pub kv_slots: usize,
-    /// Quantized matrices multiply through int8 activations (like
-    /// `--expert-bits`, a numeric choice: it changes the tokens, and the
-    /// tokens then still never depend on placement).
+    /// Quantized matrices multiply through int8 activations (the default;
+    /// `--f32-acts` turns it off). Like `--expert-bits`, a numeric choice:
+    /// it changes the tokens, and the tokens then still never depend on
+    /// placement. f32 weights always keep the exact path.
     pub int8_acts: bool,
     /// Where routed experts live (never changes the tokens).
     pub placement: Placement,
@@ -69,7 +70,7 @@ impl Default for EngineOptions {
             disk_sim: None,
             overlap: true,
             kv_slots: 1,
-            int8_acts: false,
+            int8_acts: true,
             placement: Placement::Auto,
         }
     }

@@ -70,5 +70,11 @@ pub fn report(stats: &GenStats, before: &PipelineProfile, after: &PipelineProfil
         p.storage,
         p.bytes_read as f64 / 1e6 / tokens
     ));
+    if p.buffers_allocated + p.buffers_reused > 0 {
+        out.push_str(&format!(
+            "  read buffers: {} allocated, {} reused from evicted experts\n",
+            p.buffers_allocated, p.buffers_reused
+        ));
+    }
     out
 }

@@ -16,6 +16,7 @@ use crossbeam_channel::{Sender, TrySendError, bounded};
 
 pub use msg::{IoEvent, IoRequest, LoadedExpert, Priority, ReadReport, Ticket};
 
+use crate::buffer::BufPool;
 use crate::error::SourceError;
 use crate::expert::ExpertMap;
 use crate::source::ExpertDecoder;
@@ -47,6 +48,7 @@ impl<T: Send + Sync + 'static> IoPool<T> {
         map: Arc<ExpertMap>,
         decoder: Arc<dyn ExpertDecoder<T>>,
         epoch: Arc<AtomicU64>,
+        buffers: BufPool,
     ) -> Result<Self, SourceError> {
         let cap = cfg.queue_cap.max(1);
         let (dtx, drx) = bounded(cap);
@@ -59,6 +61,7 @@ impl<T: Send + Sync + 'static> IoPool<T> {
                 decoder: decoder.clone(),
                 epoch: epoch.clone(),
                 retries: cfg.retries,
+                buffers: buffers.clone(),
             };
             let (d, p) = (drx.clone(), prx.clone());
             let h = std::thread::Builder::new()

@@ -9,7 +9,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, TryRecvError, select};
 
 use super::msg::{IoEvent, IoRequest, LoadedExpert, Priority, ReadReport};
-use crate::buffer::AlignedBuf;
+use crate::buffer::{AlignedBuf, BufPool};
 use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
 use crate::source::{ExpertDecoder, MAX_READ_GAP};
@@ -23,6 +23,8 @@ pub(crate) struct WorkerCtx<T> {
     pub decoder: Arc<dyn ExpertDecoder<T>>,
     pub epoch: Arc<AtomicU64>,
     pub retries: u32,
+    /// Where read buffers come from and evicted ones go back to.
+    pub buffers: BufPool,
 }
 
 pub(crate) fn run<T: Send + Sync + 'static>(
@@ -96,7 +98,7 @@ fn load<T>(
     let (buf, piece_at) = {
         let _span = tracing::debug_span!("expert_read", layer = key.layer, expert = key.expert).entered();
         let t0 = Instant::now();
-        let r = read_extent(ctx.storage.as_ref(), &ctx.map, key, report);
+        let r = read_extent(ctx.storage.as_ref(), &ctx.map, &ctx.buffers, key, report);
         report.read_ns += t0.elapsed().as_nanos() as u64;
         r?
     };
@@ -117,13 +119,14 @@ fn load<T>(
 fn read_extent(
     storage: &dyn Storage,
     map: &ExpertMap,
+    buffers: &BufPool,
     key: ExpertKey,
     report: &mut ReadReport,
 ) -> Result<(AlignedBuf, Vec<usize>), SourceError> {
     let extent = map.extent(key)?;
     let (spans, piece_at) = extent.plan_reads(MAX_READ_GAP);
     let total: u64 = spans.iter().map(|s| s.len).sum();
-    let mut buf = AlignedBuf::zeroed(total as usize);
+    let mut buf = buffers.take(total as usize);
     let mut at = 0usize;
     for s in &spans {
         let path = || {
@@ -133,16 +136,16 @@ fn read_extent(
                 .map(|p| p.to_path_buf())
                 .unwrap_or_default()
         };
-        let dst = &mut buf.as_mut_slice()[at..at + s.len as usize];
+        let want = s.len as usize;
         report.reads += 1;
         let n = storage
-            .read_at(s.file, s.offset, dst)
+            .read_into(s.file, s.offset, &mut buf, at, want)
             .map_err(|source| SourceError::Read {
                 key,
                 path: path(),
                 source,
             })?;
-        if n != dst.len() {
+        if n != want {
             return Err(SourceError::Read {
                 key,
                 path: path(),

@@ -23,6 +23,7 @@ pub use profile::PipelineProfile;
 use self::coordinator::{CoordFlags, Coordinator};
 use self::msg::{CoordMsg, Delivery, FetchMode};
 use self::profile::Counters;
+use crate::buffer::BufPool;
 use crate::cache::{CacheLimits, ExpertCache};
 use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
@@ -51,6 +52,8 @@ pub struct PipelineSource<T> {
     pilot_thread: Option<JoinHandle<()>>,
     started: Instant,
     storage_kind: &'static str,
+    /// The read buffers' pool (its counts go into the profile).
+    buffers: BufPool,
 }
 
 fn shutdown_err() -> SourceError {
@@ -85,6 +88,9 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         let counters = Arc::new(Counters::new(map.layers));
         let storage_kind = storage.kind();
         let experts = map.layers * map.experts_per_layer;
+        // Idle buffers kept for reuse: enough for every worker's read in
+        // flight plus the evictions between two of them.
+        let buffers = BufPool::new(2 * config.io_workers.max(1) + 8);
         let pool = IoPool::spawn(
             &IoPoolConfig {
                 workers: config.io_workers.max(1),
@@ -95,6 +101,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             map.clone(),
             Arc::from(decoder),
             epoch.clone(),
+            buffers.clone(),
         )?;
         let (io_tx, io_rx) = bounded(1024);
         let (coord_tx, coord_rx) = bounded(INBOX_CAP);
@@ -131,6 +138,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             pilot_thread: None,
             started: Instant::now(),
             storage_kind,
+            buffers,
         };
         if let Some(pred) = predictor.filter(|_| pilot_on) {
             let (tx, rx) = bounded(PILOT_CAP);
@@ -157,6 +165,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         p.cache_budget = self.config.ram_budget_bytes;
         p.storage = self.storage_kind;
         p.placement = "streamed";
+        (p.buffers_allocated, p.buffers_reused) = self.buffers.counts();
         p
     }
 

@@ -119,6 +119,9 @@ counters!(
     fetch_ns,
     wait_ns,
     sink_ns,
+    // Read buffers newly allocated, and reused from evicted experts.
+    buffers_allocated,
+    buffers_reused,
 );
 
 impl Counters {

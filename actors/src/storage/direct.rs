@@ -77,7 +77,12 @@ impl DirectStorage {
 /// Reads `[start, start + bounce.capacity())` with O_DIRECT, repeating on
 /// partial block reads; returns the bytes read (short only at end of file).
 fn direct_fill(file: &File, start: u64, bounce: &mut AlignedBuf) -> std::io::Result<usize> {
-    let dst = bounce.full_capacity_mut();
+    direct_fill_slice(file, start, bounce.full_capacity_mut())
+}
+
+/// [`direct_fill`] into `dst`, which starts on a block boundary and spans
+/// whole blocks.
+fn direct_fill_slice(file: &File, start: u64, dst: &mut [u8]) -> std::io::Result<usize> {
     let mut done = 0usize;
     while done < dst.len() {
         match file.read_at(&mut dst[done..], start + done as u64) {
@@ -126,6 +131,41 @@ impl Storage for DirectStorage {
                     );
                 }
                 self.buffered_read(f, offset, buf)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads straight into `buf` when the request starts on a block
+    /// boundary of both the file and the buffer and the buffer's capacity
+    /// covers the request rounded up to whole blocks (a converted
+    /// container's experts always are): no bounce buffer, no copy.
+    fn read_into(
+        &self,
+        file: FileId,
+        offset: u64,
+        buf: &mut AlignedBuf,
+        at: usize,
+        len: usize,
+    ) -> std::io::Result<usize> {
+        let f = self.files.get(file as usize).ok_or_else(|| no_such_file(file))?;
+        let span = len.div_ceil(BUF_ALIGN) * BUF_ALIGN;
+        let in_place = offset.is_multiple_of(BUF_ALIGN as u64)
+            && at.is_multiple_of(BUF_ALIGN)
+            && at + len <= buf.len()
+            && at + span <= buf.capacity()
+            && len > 0;
+        let direct = f.direct.as_ref().filter(|_| !f.refused.load(Ordering::Relaxed));
+        let (Some(direct), true) = (direct, in_place) else {
+            let end = (at + len).min(buf.len());
+            return self.read_at(file, offset, &mut buf.as_mut_slice()[at.min(end)..end]);
+        };
+        match direct_fill_slice(direct, offset, &mut buf.full_capacity_mut()[at..at + span]) {
+            Ok(got) => Ok(got.min(len)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Let `read_at` note the refusal and fall back.
+                let end = at + len;
+                self.read_at(file, offset, &mut buf.as_mut_slice()[at..end])
             }
             Err(e) => Err(e),
         }

@@ -22,6 +22,7 @@ pub use rng::SplitMix64;
 pub use sim::SimDisk;
 pub use spec::{SimSpec, SimSpecError, Spike};
 
+use crate::buffer::AlignedBuf;
 use crate::error::SourceError;
 use crate::expert::FileId;
 
@@ -34,6 +35,28 @@ use crate::expert::FileId;
 /// failed attempt).
 pub trait Storage: Send + Sync {
     fn read_at(&self, file: FileId, offset: u64, buf: &mut [u8]) -> std::io::Result<usize>;
+
+    /// Reads `len` bytes at `offset` into `buf[at..at + len]`, with
+    /// [`Storage::read_at`]'s semantics. A backend may use the buffer's
+    /// alignment and spare capacity to read in place (O_DIRECT without a
+    /// bounce buffer); bytes of the capacity past `at + len` may then be
+    /// overwritten.
+    fn read_into(
+        &self,
+        file: FileId,
+        offset: u64,
+        buf: &mut AlignedBuf,
+        at: usize,
+        len: usize,
+    ) -> std::io::Result<usize> {
+        let end = at.checked_add(len).filter(|&e| e <= buf.len()).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("read of {len} bytes at {at} past a buffer of {}", buf.len()),
+            )
+        })?;
+        self.read_at(file, offset, &mut buf.as_mut_slice()[at..end])
+    }
 
     /// The file's path, for error messages.
     fn path(&self, file: FileId) -> Option<&Path>;
