@@ -369,6 +369,56 @@ impl Kernels {
         q8::dot_ref(row, a)
     }
 
+    /// `out[i] = row_i · a` for the `out.len()` consecutive rows of one
+    /// packed matrix held in `bytes` / `scales` (row `i`'s bytes and scales
+    /// follow row `i - 1`'s). Each value equals [`Kernels::dot_q8`] of that
+    /// row exactly; the rows are analysed once, which matters for rows of a
+    /// few hundred bytes where per-row set-up costs as much as the dot.
+    pub fn dot_q8_rows(
+        &self,
+        format: QFormat,
+        cols: usize,
+        bytes: &[u8],
+        scales: &[f32],
+        a: &QActs,
+        out: &mut [f32],
+    ) {
+        let (rb, spr) = (format.row_bytes(cols), format.scales_per_row(cols));
+        assert!(
+            format != QFormat::F32 && bytes.len() >= out.len() * rb && scales.len() >= out.len() * spr,
+            "dot_q8_rows: {} {format} rows of {cols} columns with {} bytes and {} scales",
+            out.len(),
+            bytes.len(),
+            scales.len()
+        );
+        assert_eq!(cols, a.cols(), "dot_q8_rows: row and activation lengths");
+        #[cfg(target_arch = "x86_64")]
+        if self.has_int_dot()
+            && let Some(rows) = x86::q8_row::Q8Rows::new(format, cols, bytes, scales, out.len(), a)
+        {
+            if self.vnni {
+                // SAFETY: `vnni` is only set after detecting AVX-512F/BW and
+                // AVX512-VNNI; `rows` was built and bounds-checked by
+                // `Q8Rows::new` for `out.len()` rows.
+                unsafe { x86::vnni::dot_rows(&rows, out) };
+            } else {
+                // SAFETY: `has_int_dot` holds only for sets built after
+                // detecting AVX2 and FMA; `rows` as above.
+                unsafe { x86::avx2_q8::dot_rows(&rows, out) };
+            }
+            return;
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            let row = RowRef::Packed {
+                format,
+                cols,
+                bytes: &bytes[i * rb..(i + 1) * rb],
+                scales: &scales[i * spr..(i + 1) * spr],
+            };
+            *o = self.dot_q8(&row, a);
+        }
+    }
+
     /// Wrapping sum of the little-endian u64 words of `bytes` (a trailing
     /// partial word is ignored). It is the memory-read roofline benches
     /// compare the matvec kernels with: the same wide loads and prefetching,

@@ -230,10 +230,32 @@ impl QMatrix {
         assert_eq!(y.len(), self.rows, "matvec output length");
         let a = QActs::quantize_for(self.format, x);
         y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
-            for (i, yv) in ys.iter_mut().enumerate() {
-                *yv = k.dot_q8(&self.row_ref(c * ROWS_PER_TASK + i), &a);
-            }
+            self.q8_rows(k, c * ROWS_PER_TASK, &a, ys);
         });
+    }
+
+    /// `out[i] = row(first + i) · a` through the integer kernels, the rows
+    /// analysed once ([`Kernels::dot_q8_rows`]).
+    fn q8_rows(&self, k: &Kernels, first: usize, a: &QActs, out: &mut [f32]) {
+        match &self.data {
+            Data::Packed(b) => {
+                let rb = self.format.row_bytes(self.cols);
+                let spr = self.format.scales_per_row(self.cols);
+                k.dot_q8_rows(
+                    self.format,
+                    self.cols,
+                    &b.as_slice()[first * rb..],
+                    &self.scales[first * spr..],
+                    a,
+                    out,
+                );
+            }
+            Data::F32(_) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = k.dot_q8(&self.row_ref(first + i), a);
+                }
+            }
+        }
     }
 
     /// `Y = X Wᵀ` for `n` input rows (`x` is `[n, cols]`, `y` is `[n, rows]`):
@@ -256,17 +278,38 @@ impl QMatrix {
             let acts: Vec<QActs> = (0..n)
                 .map(|t| QActs::quantize_for(self.format, &x[t * cols..(t + 1) * cols]))
                 .collect();
-            return self.by_rows(n, y, |row, out| {
-                for (o, a) in out.iter_mut().zip(&acts) {
-                    *o = k.dot_q8(row, a);
-                }
-            });
+            return self.matmul_q8(k, &acts, y);
         }
         // Each token laid out once, as matvec does, so values match it.
         let acts: Vec<kernels::Acts<'_>> = (0..n)
             .map(|t| k.prepare(self.format, &x[t * cols..(t + 1) * cols]))
             .collect();
         self.by_rows(n, y, |row, out| k.dot_batch_acts(row, &acts, out));
+    }
+
+    /// `y[t] = W a_t` for prepared int8 activations (`y` is `[n, rows]`):
+    /// one block of rows at a time, every token against it while its bytes
+    /// are in cache.
+    fn matmul_q8(&self, k: &Kernels, acts: &[QActs], y: &mut [f32]) {
+        let (n, rows) = (acts.len(), self.rows);
+        let mut yt = vec![0f32; n * rows];
+        yt.par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .for_each(|(c, block)| {
+                let m = block.len() / n;
+                let mut part = [0f32; ROWS_PER_TASK];
+                for (t, a) in acts.iter().enumerate() {
+                    self.q8_rows(k, c * ROWS_PER_TASK, a, &mut part[..m]);
+                    for (i, &v) in part[..m].iter().enumerate() {
+                        block[i * n + t] = v;
+                    }
+                }
+            });
+        for (r, ys) in yt.chunks_exact(n).enumerate() {
+            for (t, &v) in ys.iter().enumerate() {
+                y[t * rows + r] = v;
+            }
+        }
     }
 
     /// Runs `dot(row, out)` for every weight row in parallel, `out` being

@@ -15,7 +15,7 @@
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::q8_row::{Q8Row, Scaling, q8_row};
+use super::q8_row::{Q8Row, Q8Rows, Scaling, q8_row};
 use crate::kernels::RowRef;
 use crate::kernels::q8::{QActs, dot_ref};
 
@@ -186,6 +186,25 @@ unsafe fn row_dot<const PACK: usize>(r: &Q8Row<'_>) -> f32 {
     match r.scaling {
         Scaling::Row(scale) => s * scale,
         _ => s,
+    }
+}
+
+/// `out[i] = row_i · x̂` for consecutive rows analysed once.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `rows` came from `Q8Rows::new` and
+/// `out.len() <= rows.len()`.
+pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate().take(rows.len()) {
+        let r = rows.row(i);
+        // SAFETY: this function's contract; `r` came from `Q8Rows`.
+        *o = unsafe {
+            match rows.pack() {
+                1 => row_dot::<1>(&r),
+                2 => row_dot::<2>(&r),
+                _ => row_dot::<4>(&r),
+            }
+        };
     }
 }
 

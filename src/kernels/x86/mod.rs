@@ -3,7 +3,7 @@
 pub(super) mod avx2;
 pub(super) mod avx2_q8;
 pub(super) mod avx512;
-mod q8_row;
+pub(super) mod q8_row;
 pub(super) mod vnni;
 
 /// AVX2 and FMA (the AVX2 kernel set).

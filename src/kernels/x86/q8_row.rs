@@ -66,3 +66,80 @@ pub(super) fn q8_row<'a>(row: &RowRef<'a>, a: &'a QActs) -> Option<Q8Row<'a>> {
         lanes,
     })
 }
+
+/// Consecutive rows of one packed matrix, analysed once: every row shares
+/// the packing, the activation layout and the scaling kind, so the per-row
+/// work of the integer kernels is two slices and a scale.
+pub(crate) struct Q8Rows<'a> {
+    first: Q8Row<'a>,
+    /// Bytes and scales per row.
+    row_bytes: usize,
+    row_scales: usize,
+    bytes: &'a [u8],
+    scales: &'a [f32],
+    rows: usize,
+}
+
+impl<'a> Q8Rows<'a> {
+    /// `None` when the kernels do not take these rows (see [`q8_row`]) or
+    /// the buffers are shorter than `rows` rows.
+    pub(crate) fn new(
+        format: QFormat,
+        cols: usize,
+        bytes: &'a [u8],
+        scales: &'a [f32],
+        rows: usize,
+        a: &'a QActs,
+    ) -> Option<Self> {
+        let row_bytes = format.row_bytes(cols);
+        let row_scales = format.scales_per_row(cols);
+        if rows == 0
+            || bytes.len() < rows.checked_mul(row_bytes)?
+            || scales.len() < rows.checked_mul(row_scales)?
+        {
+            return None;
+        }
+        let head = RowRef::Packed {
+            format,
+            cols,
+            bytes: &bytes[..row_bytes],
+            scales: &scales[..row_scales],
+        };
+        let first = q8_row(&head, a)?;
+        Some(Self {
+            first,
+            row_bytes,
+            row_scales,
+            bytes,
+            scales,
+            rows,
+        })
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub(super) fn pack(&self) -> usize {
+        self.first.pack
+    }
+
+    /// Row `i < len()`.
+    #[inline]
+    pub(super) fn row(&self, i: usize) -> Q8Row<'a> {
+        let bytes = &self.bytes[i * self.row_bytes..(i + 1) * self.row_bytes];
+        let scales = &self.scales[i * self.row_scales..(i + 1) * self.row_scales];
+        let scaling = match self.first.scaling {
+            Scaling::Row(_) => Scaling::Row(scales[0]),
+            other => other,
+        };
+        Q8Row {
+            pack: self.first.pack,
+            bytes,
+            nbytes: self.row_bytes,
+            scales,
+            scaling,
+            lanes: self.first.lanes,
+        }
+    }
+}

@@ -19,7 +19,7 @@
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::q8_row::{Scaling, q8_row};
+use super::q8_row::{Q8Row, Q8Rows, Scaling, q8_row};
 use crate::kernels::RowRef;
 use crate::kernels::q8::{Lanes, QActs, dot_ref};
 
@@ -228,6 +228,38 @@ unsafe fn row_dot<const PACK: usize, const ROW: bool>(
     }
 }
 
+/// One analysed row through the kernel its packing and scaling select.
+///
+/// # Safety
+/// The CPU supports AVX-512F/BW and AVX512-VNNI; `r` came from `q8_row`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn run(r: &Q8Row<'_>) -> f32 {
+    let (p, nb, scales, scaling, l) = (r.bytes.as_ptr(), r.nbytes, r.scales, r.scaling, r.lanes);
+    // SAFETY: `r` came from `q8_row`: `l` was built for this packing from
+    // `cols` activations and `scaling` only names scales the row has.
+    unsafe {
+        match (r.pack, matches!(scaling, Scaling::Row(_))) {
+            (1, _) => row_dot::<1, true>(p, nb, scales, scaling, l),
+            (2, true) => row_dot::<2, true>(p, nb, scales, scaling, l),
+            (2, false) => row_dot::<2, false>(p, nb, scales, scaling, l),
+            _ => row_dot::<4, true>(p, nb, scales, scaling, l),
+        }
+    }
+}
+
+/// `out[i] = row_i · x̂` for consecutive rows analysed once.
+///
+/// # Safety
+/// The CPU supports AVX-512F/BW and AVX512-VNNI; `rows` came from
+/// `Q8Rows::new` and `out.len() <= rows.len()`.
+pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, out: &mut [f32]) {
+    for (i, o) in out.iter_mut().enumerate().take(rows.len()) {
+        // SAFETY: this function's contract.
+        *o = unsafe { run(&rows.row(i)) };
+    }
+}
+
 /// `row · x̂` for quantized activations.
 ///
 /// # Safety
@@ -237,16 +269,6 @@ pub(crate) unsafe fn dot(row: &RowRef<'_>, a: &QActs) -> f32 {
     let Some(r) = q8_row(row, a) else {
         return dot_ref(row, a);
     };
-    let (p, nb, scales, scaling, l) = (r.bytes.as_ptr(), r.nbytes, r.scales, r.scaling, r.lanes);
-    // SAFETY (all arms): guaranteed by this function's contract; `l` was
-    // built for this packing from `cols` activations; `scaling` only names
-    // scales the row has.
-    unsafe {
-        match (r.pack, matches!(scaling, Scaling::Row(_))) {
-            (1, _) => row_dot::<1, true>(p, nb, scales, scaling, l),
-            (2, true) => row_dot::<2, true>(p, nb, scales, scaling, l),
-            (2, false) => row_dot::<2, false>(p, nb, scales, scaling, l),
-            _ => row_dot::<4, true>(p, nb, scales, scaling, l),
-        }
-    }
+    // SAFETY: this function's contract; `r` came from `q8_row`.
+    unsafe { run(&r) }
 }
