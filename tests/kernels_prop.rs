@@ -171,6 +171,60 @@ proptest! {
         prop_assert!((want - exact).abs() <= 0.02 * full + 1e-30, "{want} vs {exact}");
     }
 
+    /// The integer GEMM over many rows and tokens: every value within
+    /// rounding of the scalar reference, and a token's values the same
+    /// whatever else is in the batch (tiles of rows × tokens, remainders).
+    #[test]
+    fn q8_rows_match_reference_and_do_not_depend_on_the_batch(
+        format in format(),
+        cols in 1usize..700,
+        rows in 1usize..11,
+        n in 1usize..8,
+        seed in any::<u64>(),
+    ) {
+        prop_assume!(format != QFormat::F32);
+        let mut rng = Lcg(seed | 1);
+        let (rb, spr) = (format.row_bytes(cols), format.scales_per_row(cols));
+        let bytes: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+        let scales: Vec<f32> = (0..rows * spr).map(|_| 1e-3 + rng.uniform().abs()).collect();
+        let acts: Vec<QActs> = (0..n)
+            .map(|_| {
+                let x: Vec<f32> = (0..cols).map(|_| rng.uniform() * 4.0).collect();
+                QActs::quantize_for(format, &x)
+            })
+            .collect();
+        let refs: Vec<&QActs> = acts.iter().collect();
+        let ldo = rows + 3;
+        for k in Kernels::available() {
+            let mut all = vec![f32::NAN; n * ldo];
+            k.dot_q8_rows(format, cols, &bytes, &scales, rows, &refs, &mut all, ldo);
+            for (t, a) in acts.iter().enumerate() {
+                let mut one = vec![0f32; rows];
+                k.dot_q8_rows(format, cols, &bytes, &scales, rows, &[a], &mut one, rows);
+                for i in 0..rows {
+                    let row = RowRef::Packed {
+                        format,
+                        cols,
+                        bytes: &bytes[i * rb..(i + 1) * rb],
+                        scales: &scales[i * spr..(i + 1) * spr],
+                    };
+                    let got = all[t * ldo + i];
+                    prop_assert_eq!(got.to_bits(), one[i].to_bits(), "{} {} token {} row {}", k.name, format, t, i);
+                    let want = q8::dot_ref(&row, a);
+                    let mut w = vec![0f32; cols];
+                    scalar::dequantize_row(&row, &mut w);
+                    let mag: f32 = (0..cols)
+                        .map(|j| (w[j] * a.values()[j] as f32 * a.block_scales()[j / 64]).abs())
+                        .sum();
+                    prop_assert!(
+                        (got - want).abs() <= 2e-6 * mag + 1e-30,
+                        "{} {} cols {}: {} vs {}", k.name, format, cols, got, want
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn matmul_equals_matvec_per_token(
         c in case(300),

@@ -369,53 +369,72 @@ impl Kernels {
         q8::dot_ref(row, a)
     }
 
-    /// `out[i] = row_i · a` for the `out.len()` consecutive rows of one
-    /// packed matrix held in `bytes` / `scales` (row `i`'s bytes and scales
-    /// follow row `i - 1`'s). Each value equals [`Kernels::dot_q8`] of that
-    /// row exactly; the rows are analysed once, which matters for rows of a
-    /// few hundred bytes where per-row set-up costs as much as the dot.
+    /// `out[t * ldo + i] = row_i · acts[t]` for the `rows` consecutive rows
+    /// of one packed matrix held in `bytes` / `scales` (row `i`'s bytes and
+    /// scales follow row `i - 1`'s) and every token: the integer GEMM behind
+    /// both matvec (one token) and batched prefill. The rows are analysed
+    /// once and, on AVX512-VNNI, computed in tiles of rows × tokens that
+    /// load each weight chunk once for several tokens. Every value depends
+    /// only on its row and its token, never on `rows`, the other tokens or
+    /// the tiling, so a token's results are the same alone or in a batch.
+    #[allow(clippy::too_many_arguments)]
     pub fn dot_q8_rows(
         &self,
         format: QFormat,
         cols: usize,
         bytes: &[u8],
         scales: &[f32],
-        a: &QActs,
+        rows: usize,
+        acts: &[&QActs],
         out: &mut [f32],
+        ldo: usize,
     ) {
         let (rb, spr) = (format.row_bytes(cols), format.scales_per_row(cols));
+        let n = acts.len();
         assert!(
-            format != QFormat::F32 && bytes.len() >= out.len() * rb && scales.len() >= out.len() * spr,
-            "dot_q8_rows: {} {format} rows of {cols} columns with {} bytes and {} scales",
-            out.len(),
+            format != QFormat::F32 && bytes.len() >= rows * rb && scales.len() >= rows * spr,
+            "dot_q8_rows: {rows} {format} rows of {cols} columns with {} bytes and {} scales",
             bytes.len(),
             scales.len()
         );
-        assert_eq!(cols, a.cols(), "dot_q8_rows: row and activation lengths");
+        assert!(
+            rows <= ldo && out.len() >= n * ldo,
+            "dot_q8_rows: {n} tokens of {rows} rows (stride {ldo}) into {} values",
+            out.len()
+        );
+        assert!(
+            acts.iter().all(|a| a.cols() == cols),
+            "dot_q8_rows: row and activation lengths"
+        );
         #[cfg(target_arch = "x86_64")]
         if self.has_int_dot()
-            && let Some(rows) = x86::q8_row::Q8Rows::new(format, cols, bytes, scales, out.len(), a)
+            && let Some(first) = acts.first()
+            && let Some(q) = x86::q8_row::Q8Rows::new(format, cols, bytes, scales, rows, first)
+            && acts.iter().all(|a| q.accepts(a))
         {
             if self.vnni {
                 // SAFETY: `vnni` is only set after detecting AVX-512F/BW and
-                // AVX512-VNNI; `rows` was built and bounds-checked by
-                // `Q8Rows::new` for `out.len()` rows.
-                unsafe { x86::vnni::dot_rows(&rows, out) };
+                // AVX512-VNNI; `q` was built and bounds-checked by
+                // `Q8Rows::new` for `rows` rows, every token passes
+                // `accepts`, and `out` was checked above.
+                unsafe { x86::vnni::dot_rows(&q, acts, out, ldo) };
             } else {
                 // SAFETY: `has_int_dot` holds only for sets built after
-                // detecting AVX2 and FMA; `rows` as above.
-                unsafe { x86::avx2_q8::dot_rows(&rows, out) };
+                // detecting AVX2 and FMA; the rest as above.
+                unsafe { x86::avx2_q8::dot_rows(&q, acts, out, ldo) };
             }
             return;
         }
-        for (i, o) in out.iter_mut().enumerate() {
-            let row = RowRef::Packed {
-                format,
-                cols,
-                bytes: &bytes[i * rb..(i + 1) * rb],
-                scales: &scales[i * spr..(i + 1) * spr],
-            };
-            *o = self.dot_q8(&row, a);
+        for (t, a) in acts.iter().enumerate() {
+            for i in 0..rows {
+                let row = RowRef::Packed {
+                    format,
+                    cols,
+                    bytes: &bytes[i * rb..(i + 1) * rb],
+                    scales: &scales[i * spr..(i + 1) * spr],
+                };
+                out[t * ldo + i] = self.dot_q8(&row, a);
+            }
         }
     }
 

@@ -230,13 +230,14 @@ impl QMatrix {
         assert_eq!(y.len(), self.rows, "matvec output length");
         let a = QActs::quantize_for(self.format, x);
         y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
-            self.q8_rows(k, c * ROWS_PER_TASK, &a, ys);
+            let m = ys.len();
+            self.q8_rows(k, c * ROWS_PER_TASK, m, &[&a], ys, m);
         });
     }
 
-    /// `out[i] = row(first + i) · a` through the integer kernels, the rows
-    /// analysed once ([`Kernels::dot_q8_rows`]).
-    fn q8_rows(&self, k: &Kernels, first: usize, a: &QActs, out: &mut [f32]) {
+    /// `out[t * ldo + i] = row(first + i) · acts[t]` for `m` rows through
+    /// the integer kernels ([`Kernels::dot_q8_rows`]).
+    fn q8_rows(&self, k: &Kernels, first: usize, m: usize, acts: &[&QActs], out: &mut [f32], ldo: usize) {
         match &self.data {
             Data::Packed(b) => {
                 let rb = self.format.row_bytes(self.cols);
@@ -244,15 +245,19 @@ impl QMatrix {
                 k.dot_q8_rows(
                     self.format,
                     self.cols,
-                    &b.as_slice()[first * rb..],
-                    &self.scales[first * spr..],
-                    a,
+                    &b.as_slice()[first * rb..(first + m) * rb],
+                    &self.scales[first * spr..(first + m) * spr],
+                    m,
+                    acts,
                     out,
+                    ldo,
                 );
             }
             Data::F32(_) => {
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = k.dot_q8(&self.row_ref(first + i), a);
+                for (t, a) in acts.iter().enumerate() {
+                    for i in 0..m {
+                        out[t * ldo + i] = k.dot_q8(&self.row_ref(first + i), a);
+                    }
                 }
             }
         }
@@ -292,16 +297,18 @@ impl QMatrix {
     /// are in cache.
     fn matmul_q8(&self, k: &Kernels, acts: &[QActs], y: &mut [f32]) {
         let (n, rows) = (acts.len(), self.rows);
+        let refs: Vec<&QActs> = acts.iter().collect();
         let mut yt = vec![0f32; n * rows];
         yt.par_chunks_mut(ROWS_PER_TASK * n)
             .enumerate()
             .for_each(|(c, block)| {
                 let m = block.len() / n;
-                let mut part = [0f32; ROWS_PER_TASK];
-                for (t, a) in acts.iter().enumerate() {
-                    self.q8_rows(k, c * ROWS_PER_TASK, a, &mut part[..m]);
-                    for (i, &v) in part[..m].iter().enumerate() {
-                        block[i * n + t] = v;
+                // Token-major for the kernel, then row-major into the block.
+                let mut part = vec![0f32; n * m];
+                self.q8_rows(k, c * ROWS_PER_TASK, m, &refs, &mut part, m);
+                for t in 0..n {
+                    for i in 0..m {
+                        block[i * n + t] = part[t * m + i];
                     }
                 }
             });

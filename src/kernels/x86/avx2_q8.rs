@@ -189,22 +189,26 @@ unsafe fn row_dot<const PACK: usize>(r: &Q8Row<'_>) -> f32 {
     }
 }
 
-/// `out[i] = row_i · x̂` for consecutive rows analysed once.
+/// `out[t * ldo + i] = row_i · x̂_t` for consecutive rows analysed once
+/// and every token of `acts`.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; `rows` came from `Q8Rows::new` and
-/// `out.len() <= rows.len()`.
-pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, out: &mut [f32]) {
-    for (i, o) in out.iter_mut().enumerate().take(rows.len()) {
-        let r = rows.row(i);
-        // SAFETY: this function's contract; `r` came from `Q8Rows`.
-        *o = unsafe {
-            match rows.pack() {
-                1 => row_dot::<1>(&r),
-                2 => row_dot::<2>(&r),
-                _ => row_dot::<4>(&r),
-            }
-        };
+/// The CPU supports AVX2 and FMA; `rows` came from `Q8Rows::new`, every
+/// `acts[t]` passes `rows.accepts`, and `out.len() >= acts.len() * ldo`
+/// with `rows.len() <= ldo`.
+pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, acts: &[&QActs], out: &mut [f32], ldo: usize) {
+    for (t, a) in acts.iter().enumerate() {
+        for i in 0..rows.len() {
+            let r = rows.row_for(i, a);
+            // SAFETY: this function's contract; `r` came from `Q8Rows`.
+            out[t * ldo + i] = unsafe {
+                match rows.pack() {
+                    1 => row_dot::<1>(&r),
+                    2 => row_dot::<2>(&r),
+                    _ => row_dot::<4>(&r),
+                }
+            };
+        }
     }
 }
 

@@ -78,6 +78,7 @@ pub(crate) struct Q8Rows<'a> {
     bytes: &'a [u8],
     scales: &'a [f32],
     rows: usize,
+    cols: usize,
 }
 
 impl<'a> Q8Rows<'a> {
@@ -113,6 +114,7 @@ impl<'a> Q8Rows<'a> {
             bytes,
             scales,
             rows,
+            cols,
         })
     }
 
@@ -122,6 +124,42 @@ impl<'a> Q8Rows<'a> {
 
     pub(super) fn pack(&self) -> usize {
         self.first.pack
+    }
+
+    /// Bytes of one row.
+    pub(super) fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// Whether one scale per row applies (no group scales inside rows).
+    pub(super) fn row_scaled(&self) -> bool {
+        matches!(self.first.scaling, Scaling::Row(_))
+    }
+
+    /// Whether `a` is laid out for these rows (same length and packing).
+    pub(crate) fn accepts(&self, a: &QActs) -> bool {
+        a.cols() == self.cols
+            && a.lanes(self.first.pack)
+                .is_some_and(|l| l.chunks() == self.first.lanes.chunks())
+    }
+
+    /// `a`'s layout for these rows; callers checked [`Q8Rows::accepts`].
+    pub(super) fn lanes_of<'b>(&self, a: &'b QActs) -> &'b Lanes
+    where
+        'a: 'b,
+    {
+        a.lanes(self.first.pack).unwrap_or(self.first.lanes)
+    }
+
+    /// Row `i` against activation `a` instead of the one analysed.
+    pub(super) fn row_for<'b>(&self, i: usize, a: &'b QActs) -> Q8Row<'b>
+    where
+        'a: 'b,
+    {
+        Q8Row {
+            lanes: self.lanes_of(a),
+            ..self.row(i)
+        }
     }
 
     /// Row `i < len()`.

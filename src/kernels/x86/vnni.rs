@@ -248,15 +248,204 @@ unsafe fn run(r: &Q8Row<'_>) -> f32 {
     }
 }
 
-/// `out[i] = row_i · x̂` for consecutive rows analysed once.
+/// The unsigned fields of one 64-byte chunk of weights (`PACK` of them),
+/// ready for `vpdpbusd` against the activation planes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn fields<const PACK: usize>(v: __m512i) -> [__m512i; PACK] {
+    match PACK {
+        1 => [_mm512_xor_si512(v, _mm512_set1_epi8(i8::MIN)); PACK],
+        2 => {
+            let m = _mm512_set1_epi8(0x0F);
+            let mut f = [_mm512_and_si512(v, m); PACK];
+            f[1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+            f
+        }
+        _ => {
+            let m = _mm512_set1_epi8(0x03);
+            let mut f = [_mm512_and_si512(v, m); PACK];
+            f[1] = _mm512_and_si512(_mm512_srli_epi16::<2>(v), m);
+            f[2] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m);
+            f[3] = _mm512_and_si512(_mm512_srli_epi16::<6>(v), m);
+            f
+        }
+    }
+}
+
+/// One chunk's 64 weight bytes of row `p` (a zero-padded copy for the
+/// row's partial last chunk).
+///
+/// # Safety
+/// `p` holds `nbytes` readable bytes and `64 * c < nbytes`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn chunk_at(p: *const u8, c: usize, full: usize, nbytes: usize) -> __m512i {
+    // SAFETY: the caller guarantees the bytes; chunks below `full` are
+    // whole, the last one is copied into a zeroed local buffer (its padding
+    // meets zero activations).
+    unsafe {
+        if c < full {
+            _mm512_loadu_si512(p.add(64 * c).cast())
+        } else {
+            let mut buf = [0u8; 64];
+            let off = 64 * c;
+            ptr::copy_nonoverlapping(p.add(off), buf.as_mut_ptr(), nbytes - off);
+            _mm512_loadu_si512(buf.as_ptr().cast())
+        }
+    }
+}
+
+/// `R` rows against `T` tokens, rows scaled per row ([`Scaling::Row`]):
+/// every weight chunk is loaded and split into fields once for all tokens,
+/// every activation chunk once for all rows. Each (row, token) pair keeps
+/// one accumulator fed in chunk order, so its value does not depend on
+/// `R`, `T` or where the pair sits in a tile.
+///
+/// # Safety
+/// Each `rows[r]` holds `nbytes` readable bytes; every `acts[t]` was built
+/// for `PACK` from activations of the rows' length.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const PACK: usize, const R: usize, const T: usize>(
+    rows: [*const u8; R],
+    next: *const u8,
+    nbytes: usize,
+    acts: [&Lanes; T],
+) -> [[f32; T]; R] {
+    let chunks = acts[0].chunks();
+    let full = (nbytes / 64).min(chunks);
+    let planes = acts.map(|l| l.planes.as_slice().as_ptr());
+    let corr = acts.map(|l| l.corr.as_slice().as_ptr());
+    let dvec = acts.map(|l| l.dvec.as_slice().as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for c in 0..chunks {
+        // SAFETY: `c < chunks` chunks of weights (the last one possibly
+        // partial, see `chunk_at`) and of every token's planes,
+        // corrections and block scales. Prefetches never fault.
+        unsafe {
+            // The rows after this tile, at the same offset, one chunk per
+            // row of the tile: into L1 a tile ahead, into L2 three tiles
+            // ahead (DRAM latency is longer than one tile's compute; the
+            // hardware prefetchers do not follow R interleaved streams).
+            for r in 0..R {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * nbytes + 64 * c).cast());
+                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add((2 * R + r) * nbytes + 64 * c).cast());
+            }
+            let w: [[__m512i; PACK]; R] = rows.map(|p| fields::<PACK>(chunk_at(p, c, full, nbytes)));
+            for t in 0..T {
+                let corr_t = _mm512_loadu_si512(corr[t].add(16 * c).cast());
+                let dv = _mm512_loadu_ps(dvec[t].add(16 * c));
+                let pl = planes[t].add(64 * PACK * c);
+                for r in 0..R {
+                    let mut lanes = corr_t;
+                    for (k, f) in w[r].iter().enumerate() {
+                        lanes = _mm512_dpbusd_epi32(lanes, *f, _mm512_loadu_si512(pl.add(64 * k).cast()));
+                    }
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), dv, acc[r][t]);
+                }
+            }
+        }
+    }
+    acc.map(|a| a.map(|v| _mm512_reduce_add_ps(v)))
+}
+
+/// Rows `first..first + R` of `rows` against tokens `t0..t0 + T`, into
+/// `out[t * ldo + i]` (`i` counted from the first row of `rows`).
+///
+/// # Safety
+/// As [`tile`]; `rows` covers the rows and `out` the indices written.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_into<const PACK: usize, const R: usize, const T: usize>(
+    rows: &Q8Rows<'_>,
+    first: usize,
+    acts: &[&QActs],
+    t0: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    let rs: [Q8Row<'_>; R] = std::array::from_fn(|r| rows.row(first + r));
+    let lanes: [&Lanes; T] = std::array::from_fn(|t| rows.lanes_of(acts[t0 + t]));
+    let p = rs.each_ref().map(|r| r.bytes.as_ptr());
+    let next = p[0].wrapping_add(R * rows.row_bytes());
+    // SAFETY: this function's contract.
+    let v = unsafe { tile::<PACK, R, T>(p, next, rows.row_bytes(), lanes) };
+    for (r, row) in rs.iter().enumerate() {
+        let scale = match row.scaling {
+            Scaling::Row(s) => s,
+            _ => 1.0,
+        };
+        for t in 0..T {
+            out[(t0 + t) * ldo + first + r] = v[r][t] * scale;
+        }
+    }
+}
+
+/// Rows from `first` in tiles of up to 4 rows × 3 tokens.
+///
+/// # Safety
+/// As [`dot_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tiles<const PACK: usize>(rows: &Q8Rows<'_>, acts: &[&QActs], out: &mut [f32], ldo: usize) {
+    let (n, m) = (acts.len(), rows.len());
+    let mut r = 0;
+    // SAFETY (every call): `rows` holds `m` rows and every token was laid
+    // out for this packing (`Q8Rows::accepts`); `out` is checked by the
+    // caller for `n * ldo` values with `m <= ldo`.
+    unsafe {
+        macro_rules! by_tokens {
+            ($R:literal) => {{
+                let mut t = 0;
+                while t + 3 <= n {
+                    tile_into::<PACK, $R, 3>(rows, r, acts, t, out, ldo);
+                    t += 3;
+                }
+                match n - t {
+                    2 => tile_into::<PACK, $R, 2>(rows, r, acts, t, out, ldo),
+                    1 => tile_into::<PACK, $R, 1>(rows, r, acts, t, out, ldo),
+                    _ => {}
+                }
+            }};
+        }
+        while r + 4 <= m {
+            by_tokens!(4);
+            r += 4;
+        }
+        match m - r {
+            3 => by_tokens!(3),
+            2 => by_tokens!(2),
+            1 => by_tokens!(1),
+            _ => {}
+        }
+    }
+}
+
+/// `out[t * ldo + i] = row_i · x̂_t` for consecutive rows analysed once and
+/// every token of `acts`: the integer GEMM behind both matvec and the
+/// batched prefill. Rows scaled per row go through tiles; grouped int4 rows
+/// row by row.
 ///
 /// # Safety
 /// The CPU supports AVX-512F/BW and AVX512-VNNI; `rows` came from
-/// `Q8Rows::new` and `out.len() <= rows.len()`.
-pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, out: &mut [f32]) {
-    for (i, o) in out.iter_mut().enumerate().take(rows.len()) {
-        // SAFETY: this function's contract.
-        *o = unsafe { run(&rows.row(i)) };
+/// `Q8Rows::new`, every `acts[t]` passes `rows.accepts`, and
+/// `out.len() >= acts.len() * ldo` with `rows.len() <= ldo`.
+pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, acts: &[&QActs], out: &mut [f32], ldo: usize) {
+    if !rows.row_scaled() {
+        for (t, a) in acts.iter().enumerate() {
+            for i in 0..rows.len() {
+                let r = rows.row_for(i, a);
+                // SAFETY: this function's contract.
+                out[t * ldo + i] = unsafe { run(&r) };
+            }
+        }
+        return;
+    }
+    // SAFETY: this function's contract.
+    unsafe {
+        match rows.pack() {
+            1 => tiles::<1>(rows, acts, out, ldo),
+            2 => tiles::<2>(rows, acts, out, ldo),
+            _ => tiles::<4>(rows, acts, out, ldo),
+        }
     }
 }
 
