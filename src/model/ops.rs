@@ -36,6 +36,32 @@ pub fn softmax_inplace(x: &mut [f32]) {
 
 /// SiLU(x) = x · sigmoid(x).
 #[inline]
+/// `Σ a_i b_i` in a fixed order that vectorizes: 16 partial sums over the
+/// whole slices (lane `i % 16`), then those summed pairwise, then the tail.
+/// A plain left-to-right float sum is one long dependency chain the
+/// compiler may not reorder; attention scores take this instead, and since
+/// the order depends only on the length, results stay deterministic.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut w = 16;
+    while w > 1 {
+        w /= 2;
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+    }
+    acc[0] + ar.iter().zip(br).map(|(x, y)| x * y).sum::<f32>()
+}
+
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use super::state::LayerCache;
 use super::weights::{IndexerWeights, MlaWeights};
 use crate::config::GlmConfig;
-use crate::model::ops::{Rope, rms_norm_inplace, softmax_inplace, top_k};
+use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace, top_k};
 
 /// Largest forward (in new tokens) computed in the absorbed form.
 pub const ABSORB_MAX_TOKENS: usize = 16;
@@ -281,10 +281,6 @@ impl AttnCtx<'_> {
             })
             .collect()
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
 /// LayerNorm with weight and bias: `(x - mean) / sqrt(var + eps) * w + b`.

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use super::weights::LayerWeights;
 use crate::config::OlmoeConfig;
 use crate::model::kv_cache::KvCache;
-use crate::model::ops::{Rope, rms_norm_inplace, softmax_inplace};
+use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace};
 
 /// Runs attention for `n` new tokens whose normalised inputs are `xn`
 /// (`[n, hidden]`) at positions `kv.len()..kv.len()+n`, appends their K/V to
@@ -68,7 +68,7 @@ pub fn attend(
         let mut scores: Vec<f32> = (0..visible)
             .map(|p| {
                 let kr = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
+                dot(qv, kr) * scale
             })
             .collect();
         softmax_inplace(&mut scores);
