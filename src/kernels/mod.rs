@@ -474,9 +474,27 @@ impl Kernels {
     }
 }
 
-/// The best kernels this CPU supports. Detected once; the cached value is
-/// immutable afterwards.
+/// The kernels every matrix product uses: the best set this CPU supports,
+/// or the one `COLI_KERNELS` names (`scalar`, `avx2`, `avx512`,
+/// `avx512+vnni`, `neon`) when this CPU has it, so an AVX-512 machine can
+/// measure the AVX2 path. Chosen once; the value is immutable afterwards.
 pub fn dispatch() -> Kernels {
     static BEST: OnceLock<Kernels> = OnceLock::new();
-    *BEST.get_or_init(Kernels::detect)
+    *BEST.get_or_init(|| {
+        let Ok(name) = std::env::var("COLI_KERNELS") else {
+            return Kernels::detect();
+        };
+        match Kernels::available().into_iter().find(|k| k.name == name) {
+            Some(k) => k,
+            None => {
+                let have: Vec<&str> = Kernels::available().iter().map(|k| k.name).collect();
+                tracing::warn!(
+                    name,
+                    ?have,
+                    "COLI_KERNELS names no kernel set of this CPU; using the best"
+                );
+                Kernels::detect()
+            }
+        }
+    })
 }

@@ -17,7 +17,7 @@ use core::ptr;
 
 use super::q8_row::{Q8Row, Q8Rows, Scaling, q8_row};
 use crate::kernels::RowRef;
-use crate::kernels::q8::{QActs, dot_ref};
+use crate::kernels::q8::{Lanes, QActs, dot_ref};
 
 /// How far ahead the weights are prefetched into L1 and into L2, in bytes.
 const PREFETCH: usize = 4096;
@@ -189,14 +189,156 @@ unsafe fn row_dot<const PACK: usize>(r: &Q8Row<'_>) -> f32 {
     }
 }
 
+/// `R` rows against `T` tokens, rows scaled per row ([`Scaling::Row`]):
+/// each weight half-chunk is loaded once for all tokens, each activation
+/// half-chunk once for all rows. Every (row, token) pair runs exactly the
+/// arithmetic of [`row_dot`] (two accumulators, one per half, in chunk
+/// order, the same reduction), so tiles and single rows agree bit for bit.
+///
+/// # Safety
+/// Each `rows[r]` holds `nbytes` readable bytes; every `acts[t]` was built
+/// for `PACK` from activations of the rows' length.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const PACK: usize, const R: usize, const T: usize>(
+    rows: [*const u8; R],
+    nbytes: usize,
+    acts: [&Lanes; T],
+) -> [[f32; T]; R] {
+    let chunks = acts[0].chunks();
+    let full = (nbytes / 64).min(chunks);
+    let planes = acts.map(|l| l.planes.as_slice().as_ptr());
+    let corr = acts.map(|l| l.corr.as_slice().as_ptr());
+    let dvec = acts.map(|l| l.dvec.as_slice().as_ptr());
+    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    // One chunk whose 64 weight bytes of row `r` start at `src[r]`.
+    let mut step = |c: usize, src: [*const u8; R]| {
+        for h in 0..2 {
+            // SAFETY: `src[r]` holds 64 readable bytes; `c < chunks` chunks
+            // of every token's planes, corrections and block scales.
+            unsafe {
+                let v: [__m256i; R] = src.map(|p| _mm256_loadu_si256(p.add(32 * h).cast()));
+                for t in 0..T {
+                    let dv = _mm256_loadu_ps(dvec[t].add(16 * c + 8 * h));
+                    let pl = planes[t].add(64 * PACK * c);
+                    let co = corr[t].add(16 * c + 8 * h);
+                    for r in 0..R {
+                        let lanes = half_lanes::<PACK>(v[r], pl, h, co);
+                        acc[r][t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), dv, acc[r][t][h]);
+                    }
+                }
+            }
+        }
+    };
+    for c in 0..full {
+        // SAFETY: chunks below `full` lie inside every row; prefetches are
+        // hints that never fault.
+        let src = rows.map(|p| unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * c + PREFETCH).cast());
+            p.add(64 * c)
+        });
+        step(c, src);
+    }
+    if full < chunks {
+        // The partial last chunk, zero-padded (its padding meets zero
+        // activations).
+        let off = 64 * full;
+        let mut bufs = [[0u8; 64]; R];
+        for (b, p) in bufs.iter_mut().zip(rows) {
+            // SAFETY: the row holds `nbytes > off` bytes.
+            unsafe { ptr::copy_nonoverlapping(p.add(off), b.as_mut_ptr(), nbytes - off) };
+        }
+        step(full, std::array::from_fn(|r| bufs[r].as_ptr()));
+    }
+    acc.map(|row| {
+        row.map(|[a0, a1]| {
+            let s = _mm256_add_ps(a0, a1);
+            let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        })
+    })
+}
+
+/// Rows `first..first + R` against tokens `t0..t0 + T` into
+/// `out[t * ldo + i]`.
+///
+/// # Safety
+/// As [`tile`]; `rows` covers the rows and `out` the indices written.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_into<const PACK: usize, const R: usize, const T: usize>(
+    rows: &Q8Rows<'_>,
+    first: usize,
+    acts: &[&QActs],
+    t0: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
+    let rs: [Q8Row<'_>; R] = std::array::from_fn(|r| rows.row(first + r));
+    let lanes: [&Lanes; T] = std::array::from_fn(|t| rows.lanes_of(acts[t0 + t]));
+    let p = rs.each_ref().map(|r| r.bytes.as_ptr());
+    // SAFETY: this function's contract.
+    let v = unsafe { tile::<PACK, R, T>(p, rows.row_bytes(), lanes) };
+    for (r, row) in rs.iter().enumerate() {
+        let scale = match row.scaling {
+            Scaling::Row(s) => s,
+            _ => 1.0,
+        };
+        for t in 0..T {
+            out[(t0 + t) * ldo + first + r] = v[r][t] * scale;
+        }
+    }
+}
+
+/// Every row against every token in tiles of 2 rows × 2 tokens.
+///
+/// # Safety
+/// As [`dot_rows`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tiles<const PACK: usize>(rows: &Q8Rows<'_>, acts: &[&QActs], out: &mut [f32], ldo: usize) {
+    let (n, m) = (acts.len(), rows.len());
+    // SAFETY (every call): `rows` holds `m` rows and every token was laid
+    // out for this packing; `out` was checked by the caller.
+    unsafe {
+        let mut r = 0;
+        while r < m {
+            let two_rows = r + 2 <= m;
+            let mut t = 0;
+            while t < n {
+                match (two_rows, t + 2 <= n) {
+                    (true, true) => tile_into::<PACK, 2, 2>(rows, r, acts, t, out, ldo),
+                    (true, false) => tile_into::<PACK, 2, 1>(rows, r, acts, t, out, ldo),
+                    (false, true) => tile_into::<PACK, 1, 2>(rows, r, acts, t, out, ldo),
+                    (false, false) => tile_into::<PACK, 1, 1>(rows, r, acts, t, out, ldo),
+                }
+                t += 2;
+            }
+            r += 2;
+        }
+    }
+}
+
 /// `out[t * ldo + i] = row_i · x̂_t` for consecutive rows analysed once
-/// and every token of `acts`.
+/// and every token of `acts`. One token (decode) goes row by row through
+/// [`row_dot`] and its deeper prefetch; several tokens (prefill) through
+/// tiles, with the same values.
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; `rows` came from `Q8Rows::new`, every
 /// `acts[t]` passes `rows.accepts`, and `out.len() >= acts.len() * ldo`
 /// with `rows.len() <= ldo`.
 pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, acts: &[&QActs], out: &mut [f32], ldo: usize) {
+    if acts.len() >= 2 && rows.row_scaled() {
+        // SAFETY: this function's contract.
+        unsafe {
+            match rows.pack() {
+                1 => tiles::<1>(rows, acts, out, ldo),
+                2 => tiles::<2>(rows, acts, out, ldo),
+                _ => tiles::<4>(rows, acts, out, ldo),
+            }
+        }
+        return;
+    }
     for (t, a) in acts.iter().enumerate() {
         for i in 0..rows.len() {
             let r = rows.row_for(i, a);
