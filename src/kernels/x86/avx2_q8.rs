@@ -198,6 +198,9 @@ unsafe fn row_dot<const PACK: usize>(r: &Q8Row<'_>) -> f32 {
 /// # Safety
 /// Each `rows[r]` holds `nbytes` readable bytes; every `acts[t]` was built
 /// for `PACK` from activations of the rows' length.
+// The indices address several arrays at once (accumulators, activation
+// streams, weight halves).
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const PACK: usize, const R: usize, const T: usize>(
     rows: [*const u8; R],
