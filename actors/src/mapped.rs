@@ -65,6 +65,68 @@ pub struct MappedSource<T> {
     started: Instant,
     stop_readahead: Arc<AtomicBool>,
     readahead: Option<JoinHandle<()>>,
+    /// How long the read-ahead pass took (0 while it runs).
+    readahead_ns: Arc<AtomicU64>,
+}
+
+/// Reads `ranges` ahead and maps their pages, a chunk at a time, until done
+/// or `stop` is set.
+fn populate(ranges: &[(Arc<MappedFile>, usize, usize)], stop: &AtomicBool) {
+    for (f, start, end) in ranges {
+        // madvise wants a page-aligned start.
+        let mut at = start / 4096 * 4096;
+        while at < *end && !stop.load(Ordering::Relaxed) {
+            let len = ADVISE_CHUNK.min(end - at);
+            if let Err(e) = f.0.advise_range(Advice::WillNeed, at, len) {
+                tracing::debug!(error = %e, "madvise(WILLNEED) failed; read-ahead stops");
+                return;
+            }
+            // Page-table entries too, so compute does not take a minor
+            // fault per 4 KiB on first use (Linux 5.14+; older kernels
+            // refuse it, which only costs speed).
+            #[cfg(target_os = "linux")]
+            if let Err(e) = f.0.advise_range(Advice::PopulateRead, at, len) {
+                tracing::debug!(error = %e, "madvise(POPULATE_READ) failed");
+            }
+            at += len;
+        }
+    }
+}
+
+/// The share of `map[start..end]`'s pages in the page cache (`mincore`);
+/// 0 when it cannot be told.
+fn resident_share(map: &Mmap, start: usize, end: usize) -> f64 {
+    let page = 4096usize;
+    let lo = start / page * page;
+    let end = end.min(map.len());
+    if lo >= end {
+        return 1.0;
+    }
+    let pages = (end - lo).div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `lo` is page-aligned and inside the mapping, `end - lo` bytes
+    // from it are mapped, and `vec` holds one byte per page of that range
+    // as mincore requires; mincore only writes into `vec`.
+    let rc = unsafe {
+        libc::mincore(
+            map.as_ptr().add(lo) as *mut libc::c_void,
+            end - lo,
+            vec.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return 0.0;
+    }
+    vec.iter().filter(|&&b| b & 1 == 1).count() as f64 / pages as f64
+}
+
+/// Runs its closure when dropped (on every way out of a scope).
+struct Defer<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for Defer<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
 }
 
 impl<T: Send + Sync + 'static> MappedSource<T> {
@@ -113,9 +175,24 @@ impl<T: Send + Sync + 'static> MappedSource<T> {
             started: Instant::now(),
             stop_readahead,
             readahead: None,
+            readahead_ns: Arc::new(AtomicU64::new(0)),
         };
         if readahead {
-            me.readahead = me.spawn_readahead();
+            let ranges = me.expert_ranges();
+            if ranges
+                .iter()
+                .all(|(f, start, end)| resident_share(&f.0, *start, *end) >= 0.95)
+            {
+                // Already in the page cache: mapping it takes a fraction of
+                // a second, better spent now than racing the first tokens'
+                // compute for the cores.
+                let t0 = Instant::now();
+                populate(&ranges, &me.stop_readahead);
+                me.readahead_ns
+                    .store(t0.elapsed().as_nanos().max(1) as u64, Ordering::Relaxed);
+            } else {
+                me.readahead = me.spawn_readahead();
+            }
         }
         Ok(me)
     }
@@ -145,28 +222,14 @@ impl<T: Send + Sync + 'static> MappedSource<T> {
     fn spawn_readahead(&self) -> Option<JoinHandle<()>> {
         let ranges = self.expert_ranges();
         let stop = self.stop_readahead.clone();
+        let done_ns = self.readahead_ns.clone();
         std::thread::Builder::new()
             .name("coli-readahead".into())
             .spawn(move || {
-                for (f, start, end) in ranges {
-                    // madvise wants a page-aligned start.
-                    let mut at = start / 4096 * 4096;
-                    while at < end && !stop.load(Ordering::Relaxed) {
-                        let len = ADVISE_CHUNK.min(end - at);
-                        if let Err(e) = f.0.advise_range(Advice::WillNeed, at, len) {
-                            tracing::debug!(error = %e, "madvise(WILLNEED) failed; read-ahead stops");
-                            return;
-                        }
-                        // Page-table entries too, so compute does not take
-                        // a minor fault per 4 KiB on first use (Linux 5.14+;
-                        // older kernels refuse it, which only costs speed).
-                        #[cfg(target_os = "linux")]
-                        if let Err(e) = f.0.advise_range(Advice::PopulateRead, at, len) {
-                            tracing::debug!(error = %e, "madvise(POPULATE_READ) failed");
-                        }
-                        at += len;
-                    }
-                }
+                let t0 = Instant::now();
+                let _record =
+                    Defer(move || done_ns.store(t0.elapsed().as_nanos().max(1) as u64, Ordering::Relaxed));
+                populate(&ranges, &stop);
             })
             .ok()
     }
@@ -301,6 +364,7 @@ impl<T: Send + Sync + 'static> MappedSource<T> {
             cache_budget: self.budget,
             storage: "mapped",
             placement: "mapped",
+            readahead_ns: self.readahead_ns.load(Ordering::Relaxed),
             ..PipelineProfile::default()
         }
     }

@@ -70,6 +70,15 @@ pub fn report(stats: &GenStats, before: &PipelineProfile, after: &PipelineProfil
         p.storage,
         p.bytes_read as f64 / 1e6 / tokens
     ));
+    if after.placement == "mapped" {
+        out.push_str(&match after.readahead_ns {
+            0 => "  read-ahead of the mapped experts still running\n".to_string(),
+            ns => format!(
+                "  read-ahead of the mapped experts took {:.2}s\n",
+                ns as f64 / 1e9
+            ),
+        });
+    }
     if p.buffers_allocated + p.buffers_reused > 0 {
         out.push_str(&format!(
             "  read buffers: {} allocated, {} reused from evicted experts\n",

@@ -122,6 +122,9 @@ counters!(
     // Read buffers newly allocated, and reused from evicted experts.
     buffers_allocated,
     buffers_reused,
+    // Mapped placement: how long reading ahead and mapping the experts
+    // took (0 while it runs).
+    readahead_ns,
 );
 
 impl Counters {
