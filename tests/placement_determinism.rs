@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use colibri::engine::{Engine, EngineOptions};
+use colibri::engine::{Engine, EngineOptions, Placement};
 use colibri::sampling::{Sampler, SamplingParams};
 
 fn generate(
@@ -62,6 +62,17 @@ fn placements(base: &EngineOptions) -> Vec<EngineOptions> {
         EngineOptions {
             pilot_k: Some(1),
             ram_gb: Some(64.0),
+            ..base()
+        },
+        // The private cache with room for everything, and the mapped
+        // placement forced (the default `auto` maps these small models).
+        EngineOptions {
+            placement: Placement::Streamed,
+            ..base()
+        },
+        EngineOptions {
+            placement: Placement::Mapped,
+            io_workers: 1,
             ..base()
         },
     ]
@@ -186,4 +197,35 @@ fn int8_converted_container_matches_load_time_quantization() {
         SamplingParams::default(),
     );
     assert_eq!(a, b);
+}
+
+#[test]
+fn auto_placement_maps_what_fits_and_streams_the_rest() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/olmoe-odd");
+    let placement = |opts: EngineOptions| {
+        let engine = Engine::load(&dir, &opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
+        engine.profile().map(|p| p.placement).unwrap_or("none")
+    };
+    assert_eq!(placement(EngineOptions::default()), "mapped");
+    // Options only the streaming pipeline has choose it.
+    for opts in [
+        EngineOptions {
+            cache_cap: Some(1),
+            ..EngineOptions::default()
+        },
+        EngineOptions {
+            disk_sim: Some("bw=1GB/s".into()),
+            ..EngineOptions::default()
+        },
+        EngineOptions {
+            overlap: false,
+            ..EngineOptions::default()
+        },
+        EngineOptions {
+            placement: Placement::Streamed,
+            ..EngineOptions::default()
+        },
+    ] {
+        assert_eq!(placement(opts), "streamed");
+    }
 }

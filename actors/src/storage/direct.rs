@@ -217,6 +217,31 @@ mod tests {
     }
 
     #[test]
+    fn reads_into_pooled_buffers_in_place_or_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = check_reads(dir.path());
+        let data = std::fs::read(dir.path().join("f.bin")).unwrap();
+        // (offset, where in the buffer, length): aligned ones go straight
+        // into the buffer, the rest through the bounce path.
+        for (off, at, len) in [
+            (0, 0, 5000),
+            (4096, 0, 4096),
+            (8192, 4096, 100),
+            (100, 0, 3000),
+            (4096, 10, 700),
+        ] {
+            let mut buf = crate::buffer::AlignedBuf::zeroed(at + len);
+            let n = s.read_into(0, off as u64, &mut buf, at, len).unwrap();
+            let want = len.min(data.len().saturating_sub(off));
+            assert_eq!(n, want, "off {off} at {at} len {len}");
+            assert_eq!(&buf.as_slice()[at..at + n], &data[off..off + n]);
+        }
+        // A range past the buffer is an error, not a panic.
+        let mut small = crate::buffer::AlignedBuf::zeroed(10);
+        assert!(s.read_into(0, 0, &mut small, 5, 10).is_err());
+    }
+
+    #[test]
     fn tmpfs_falls_back_to_buffered() {
         // tmpfs refuses O_DIRECT; the reads must still be right.
         let shm = Path::new("/dev/shm");
