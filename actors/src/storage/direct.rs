@@ -149,22 +149,25 @@ impl Storage for DirectStorage {
         len: usize,
     ) -> std::io::Result<usize> {
         let f = self.files.get(file as usize).ok_or_else(|| no_such_file(file))?;
+        let end = at.checked_add(len).filter(|&e| e <= buf.len()).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("read of {len} bytes at {at} past a buffer of {}", buf.len()),
+            )
+        })?;
         let span = len.div_ceil(BUF_ALIGN) * BUF_ALIGN;
         let in_place = offset.is_multiple_of(BUF_ALIGN as u64)
             && at.is_multiple_of(BUF_ALIGN)
-            && at + len <= buf.len()
             && at + span <= buf.capacity()
             && len > 0;
         let direct = f.direct.as_ref().filter(|_| !f.refused.load(Ordering::Relaxed));
         let (Some(direct), true) = (direct, in_place) else {
-            let end = (at + len).min(buf.len());
-            return self.read_at(file, offset, &mut buf.as_mut_slice()[at.min(end)..end]);
+            return self.read_at(file, offset, &mut buf.as_mut_slice()[at..end]);
         };
         match direct_fill_slice(direct, offset, &mut buf.full_capacity_mut()[at..at + span]) {
             Ok(got) => Ok(got.min(len)),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 // Let `read_at` note the refusal and fall back.
-                let end = at + len;
                 self.read_at(file, offset, &mut buf.as_mut_slice()[at..end])
             }
             Err(e) => Err(e),
