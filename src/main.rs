@@ -6,7 +6,13 @@ use colibri::cli::{Cli, Command, bench, chat, convert, run, serve, synth, valida
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let trace = cli.command.engine_args().and_then(|a| a.trace.clone());
-    let _telemetry = colibri::telemetry::init(trace.as_deref());
+    let _telemetry = match colibri::telemetry::init(trace.as_deref()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let result = match cli.command {
         Command::Run(a) => run::run(a).map(|_| true),
         Command::Validate(a) => validate::run(a),
@@ -19,9 +25,11 @@ fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        // 2 is clap's code for usage errors (bad flags); everything that goes
+        // wrong after the command line parsed (loading, I/O) is 1.
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
-            ExitCode::from(2)
+            ExitCode::from(1)
         }
     }
 }

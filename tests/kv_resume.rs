@@ -63,7 +63,7 @@ fn prompts(model: &Path) -> (Vec<Vec<u8>>, Vec<Reply>) {
 fn assert_consistent_prefix(dir: &Path, model: &Path, prompt_ids: &[Vec<u32>]) -> usize {
     let engine = Engine::load(model, &EngineOptions::default()).expect("loading the model");
     let layout = kv_layout(
-        engine.model.fingerprint(),
+        engine.state_fingerprint(),
         engine.model.new_state().record_bytes(),
     );
     let copy = state_dir();
