@@ -101,7 +101,20 @@ impl KvStorage for RecordingStorage {
     }
 }
 
-/// A read-only in-memory file, for loading a crash image.
+/// The image a log leaves when every operation reaches the disk.
+pub fn replay(initial: Vec<u8>, ops: &[Op]) -> Vec<u8> {
+    let mut img = initial;
+    for op in ops {
+        match op {
+            Op::Write { at, bytes } => apply_write(&mut img, *at, bytes),
+            Op::SetLen(n) => img.resize(*n as usize, 0),
+            Op::Sync => {}
+        }
+    }
+    img
+}
+
+/// An in-memory file without a log, for loading a crash image.
 #[derive(Debug)]
 pub struct MemStorage(pub Vec<u8>);
 
