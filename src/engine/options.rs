@@ -1,4 +1,4 @@
-//! Engine options shared by every command (CONTRACTS.md section 1).
+//! Engine options shared by every command (README.md, "Engine options").
 
 /// How the engine places and runs a model. None of these may change the
 /// generated tokens, only speed and memory.
