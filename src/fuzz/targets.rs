@@ -425,3 +425,30 @@ fn frame_check(input: &[u8]) -> Verdict {
     }
     Verdict::Broken("the reader stopped consuming input".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config target would have caught the negative `clip_qkv` panic:
+    /// the mutator produces such configs, and the invariant panics on one
+    /// that skipped validation (as every config did before the check).
+    #[test]
+    fn the_config_target_reaches_the_clip_qkv_bug() {
+        let seeds = config_seeds();
+        let mut rng = Rng::new(1);
+        let negative = (0..200_000).any(|_| {
+            let m = json_text_mutate(&mut rng, &seeds[0], &seeds[1]);
+            serde_json::from_slice::<serde_json::Value>(&m)
+                .ok()
+                .and_then(|v| v.get("clip_qkv").and_then(|c| c.as_f64()))
+                .is_some_and(|c| c < 0.0)
+        });
+        assert!(negative, "no mutant with a negative clip_qkv");
+        let mut v: serde_json::Value = serde_json::from_slice(&seeds[0]).expect("seed");
+        v["clip_qkv"] = (-1.0).into();
+        let unchecked: OlmoeConfig = serde_json::from_value(v).expect("deserializes");
+        let r = std::panic::catch_unwind(|| olmoe_invariants(&unchecked));
+        assert!(r.is_err(), "the invariant must trip on an unvalidated negative clip");
+    }
+}
