@@ -64,7 +64,11 @@ fn every_linked_document_exists() {
     for doc in &docs {
         let base = doc.parent().expect("parent");
         for link in links(&read(doc)) {
-            assert!(base.join(&link).exists(), "{} links to missing {link}", doc.display());
+            assert!(
+                base.join(&link).exists(),
+                "{} links to missing {link}",
+                doc.display()
+            );
         }
     }
     for name in ["serve-protocol.md", "formats.md", "state-files.md", "fuzzing.md"] {

@@ -31,21 +31,43 @@ fn no_panic(o: &Output) {
 
 #[test]
 fn a_trace_file_that_cannot_be_created_is_an_error_not_a_panic() {
-    let o = run(&["run", "--prompt-ids", "1,2", "--max-tokens", "1", "--trace", "/nonexistent/dir/t.json"], &[]);
+    let o = run(
+        &[
+            "run",
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "1",
+            "--trace",
+            "/nonexistent/dir/t.json",
+        ],
+        &[],
+    );
     no_panic(&o);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--trace /nonexistent/dir/t.json"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--trace /nonexistent/dir/t.json"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn usage_errors_exit_2_and_runtime_errors_exit_1() {
     let o = run(&["run", "--prompt-ids", "1", "--cache-cap", "-1"], &[]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("must be a whole number >= 0, got -1"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("must be a whole number >= 0, got -1"),
+        "{}",
+        stderr(&o)
+    );
     let o = run(&["run", "--prompt-ids", "1", "--max-tokens", "-5"], &[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("whole number"), "{}", stderr(&o));
-    let o = run(&["run", "--model", "/nonexistent/model", "--prompt-ids", "1"], &[]);
+    let o = run(
+        &["run", "--model", "/nonexistent/model", "--prompt-ids", "1"],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let o = run(&["run", "--prompt-ids", "1", "--ram-gb", "-1"], &[]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
@@ -66,7 +88,15 @@ fn a_negative_clip_qkv_is_refused_by_name() {
     v["clip_qkv"] = (-1.0).into();
     std::fs::write(&cfg, v.to_string()).expect("write");
     let o = run(
-        &["run", "--model", dir.path().to_str().expect("utf8"), "--prompt-ids", "1,2", "--max-tokens", "2"],
+        &[
+            "run",
+            "--model",
+            dir.path().to_str().expect("utf8"),
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "2",
+        ],
         &[],
     );
     no_panic(&o);
@@ -88,7 +118,10 @@ fn run_prompt_applies_the_chat_template_and_raw_skips_it() {
     let q = "What does river mean?";
     let chat = run(&["run", "--prompt", q, "--max-tokens", "12", "--ids"], &[]);
     assert!(chat.status.success(), "{}", stderr(&chat));
-    let raw = run(&["run", "--prompt", q, "--max-tokens", "12", "--ids", "--raw"], &[]);
+    let raw = run(
+        &["run", "--prompt", q, "--max-tokens", "12", "--ids", "--raw"],
+        &[],
+    );
     assert!(raw.status.success(), "{}", stderr(&raw));
     // The template adds the user and assistant markers around the question.
     assert!(prompt_tokens(&stderr(&chat)) > prompt_tokens(&stderr(&raw)));
@@ -155,5 +188,8 @@ fn chat_reset_confirms_and_stderr_is_plain_text() {
     assert!(o.status.success());
     let err = stderr(&o);
     assert!(err.contains("conversation cleared"), "{err}");
-    assert!(!err.contains('\x1b'), "ANSI escapes on a non-terminal stderr: {err:?}");
+    assert!(
+        !err.contains('\x1b'),
+        "ANSI escapes on a non-terminal stderr: {err:?}"
+    );
 }

@@ -36,7 +36,11 @@ fn parsers_survive_mutated_inputs() {
             r.inputs as f64 / secs.max(1e-9)
         );
         assert_eq!(r.inputs, iters);
-        assert!(r.accepted > 0, "{}: no mutant was accepted; the seeds are broken", target.name);
+        assert!(
+            r.accepted > 0,
+            "{}: no mutant was accepted; the seeds are broken",
+            target.name
+        );
         for f in &r.findings {
             failed.push(format!(
                 "{} seed {seed} iteration {}: {}\n  input: {:?}",

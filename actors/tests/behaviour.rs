@@ -101,7 +101,9 @@ fn cancellation_is_prompt_and_stale_results_are_dropped() {
         eventually("the miss is registered", || src.profile().misses == 1);
         // The read must be running (stuck at the gate), not still queued: a
         // queued read is cancelled before it starts and never goes stale.
-        eventually("the read is at the gate", || st.entered.load(Ordering::SeqCst) == 1);
+        eventually("the read is at the gate", || {
+            st.entered.load(Ordering::SeqCst) == 1
+        });
         // Another thread cancels the generation while the read is stuck.
         src.advance(Tag::new(2, 0, 0));
         assert!(waiter.join().expect("waiter"), "fetch must return Cancelled");

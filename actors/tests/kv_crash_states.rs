@@ -102,7 +102,10 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 /// Checks one loaded image against the states around the interrupted step.
 fn consistent(got: &[u32], before: &[u32], after: &[u32]) -> bool {
     let floor = common_prefix(before, after);
-    got.len() >= floor && [before, after].iter().any(|s| s.len() >= got.len() && s[..got.len()] == *got)
+    got.len() >= floor
+        && [before, after]
+            .iter()
+            .any(|s| s.len() >= got.len() && s[..got.len()] == *got)
 }
 
 struct Report {
@@ -113,8 +116,8 @@ struct Report {
 /// Runs `steps` on a file starting as `initial`, then checks every crash image.
 fn check_script(layout: KvLayout, initial: Vec<u8>, steps: &[Step]) -> Report {
     let (storage, log) = RecordingStorage::new(initial.clone());
-    let (mut f, _) = KvFile::open_storage(Box::new(storage), Path::new("rec"), layout, &mut |_, _| {})
-        .expect("open");
+    let (mut f, _) =
+        KvFile::open_storage(Box::new(storage), Path::new("rec"), layout, &mut |_, _| {}).expect("open");
     // Logical states: after open (the file is ignored or empty), then after each step.
     let mut states = vec![Vec::new()];
     let mut ends = vec![log.lock().len()];
@@ -249,7 +252,10 @@ fn every_posix_crash_state_loads_to_a_consistent_prefix() {
         ("garbage", vec![0xA5; 300]),
     ] {
         let r = check_script(LAYOUT, initial, &script());
-        eprintln!("{name}: {} crash points, {} crash states checked", r.points, r.images);
+        eprintln!(
+            "{name}: {} crash points, {} crash states checked",
+            r.points, r.images
+        );
         points += r.points;
         images += r.images;
     }
@@ -271,7 +277,8 @@ fn every_posix_crash_state_loads_to_a_consistent_prefix() {
 #[test]
 fn a_writer_without_the_barrier_is_caught() {
     let (storage, _) = RecordingStorage::new(Vec::new());
-    let (f, _) = KvFile::open_storage(Box::new(storage), Path::new("x"), LAYOUT, &mut |_, _| {}).expect("open");
+    let (f, _) =
+        KvFile::open_storage(Box::new(storage), Path::new("x"), LAYOUT, &mut |_, _| {}).expect("open");
     drop(f);
     // The header a fresh file gets (count 0), durable.
     let mut header = vec![0u8; HEADER_LEN as usize];

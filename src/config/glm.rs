@@ -256,10 +256,7 @@ impl GlmConfig {
         check_floats(path, self.rms_norm_eps, self.rope_theta())?;
         let rsf = self.routed_scaling_factor;
         if !(rsf.is_finite() && rsf > 0.0 && rsf <= 1e6) {
-            return bad(
-                "routed_scaling_factor",
-                format!("must be in (0, 1e6], got {rsf}"),
-            );
+            return bad("routed_scaling_factor", format!("must be in (0, 1e6], got {rsf}"));
         }
         let h = self.hidden_size;
         let q_rank = self.q_lora_rank.unwrap_or(h);
@@ -272,11 +269,18 @@ impl GlmConfig {
             &[
                 ("vocab_size", &[self.vocab_size, h]),
                 ("intermediate_size", &[self.intermediate_size, h]),
-                ("num_attention_heads", &[self.num_attention_heads, self.q_head_dim(), q_rank]),
+                (
+                    "num_attention_heads",
+                    &[self.num_attention_heads, self.q_head_dim(), q_rank],
+                ),
                 ("v_head_dim", &[self.num_attention_heads, self.v_head_dim, h]),
                 (
                     "kv_lora_rank",
-                    &[self.kv_lora_rank, self.num_attention_heads, self.qk_nope_head_dim + self.v_head_dim],
+                    &[
+                        self.kv_lora_rank,
+                        self.num_attention_heads,
+                        self.qk_nope_head_dim + self.v_head_dim,
+                    ],
                 ),
                 (
                     "n_routed_experts",

@@ -47,11 +47,7 @@ pub(crate) const ROPE_THETA_LIMIT: f64 = 1e12;
 /// Checks the float fields every family shares: finite, positive, and still
 /// positive and finite once narrowed to f32 (the kernels compute in f32, so
 /// an epsilon of 1e-300 would become 0 and a norm would divide by zero).
-pub(crate) fn check_floats(
-    path: &Path,
-    rms_norm_eps: f64,
-    rope_theta: f64,
-) -> Result<(), ConfigError> {
+pub(crate) fn check_floats(path: &Path, rms_norm_eps: f64, rope_theta: f64) -> Result<(), ConfigError> {
     let bad = |field: &'static str, reason: String| {
         Err(ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -79,7 +75,9 @@ pub(crate) fn check_floats(
 /// within [`ELEMENT_LIMIT`], so size arithmetic downstream cannot overflow.
 pub(crate) fn check_products(path: &Path, products: &[(&'static str, &[usize])]) -> Result<(), ConfigError> {
     for (field, factors) in products {
-        let n = factors.iter().fold(1u128, |acc, &f| acc.saturating_mul(f as u128));
+        let n = factors
+            .iter()
+            .fold(1u128, |acc, &f| acc.saturating_mul(f as u128));
         if n > ELEMENT_LIMIT {
             return Err(ConfigError::Invalid {
                 path: path.to_path_buf(),

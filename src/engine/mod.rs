@@ -5,9 +5,9 @@ mod generate;
 mod options;
 pub mod profile;
 mod serve_engine;
-pub mod state;
 mod slot_store;
 pub mod speculative;
+pub mod state;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::EngineOptions;

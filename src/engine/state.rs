@@ -196,7 +196,10 @@ mod tests {
         assert_eq!(d, Path::new("/home/u/.local/state/colibri/0000000000000abc"));
         let d = default_state_dir(fp, Some("relative".as_ref()), Some("/h".as_ref())).unwrap();
         assert_eq!(d, Path::new("/h/.local/state/colibri/0000000000000abc"));
-        assert!(matches!(default_state_dir(fp, None, None), Err(StateError::NoHome)));
+        assert!(matches!(
+            default_state_dir(fp, None, None),
+            Err(StateError::NoHome)
+        ));
     }
 
     #[test]
@@ -214,7 +217,10 @@ mod tests {
         assert!(e.to_string().contains("writable by other users"), "{e}");
         let file = tmp.path().join("f");
         std::fs::write(&file, b"x").unwrap();
-        assert!(matches!(prepare_state_dir(&file), Err(StateError::NotADirectory(_))));
+        assert!(matches!(
+            prepare_state_dir(&file),
+            Err(StateError::NotADirectory(_))
+        ));
     }
 
     #[test]

@@ -165,7 +165,12 @@ fn st_check(input: &[u8]) -> Verdict {
                 if let Ok(v) = decode_f32(t.dtype, bytes) {
                     let n: usize = t.shape.iter().product();
                     if v.len() != n {
-                        return Verdict::Broken(format!("{}: {} values for shape {:?}", t.name, v.len(), t.shape));
+                        return Verdict::Broken(format!(
+                            "{}: {} values for shape {:?}",
+                            t.name,
+                            v.len(),
+                            t.shape
+                        ));
                     }
                 }
             }
@@ -175,7 +180,9 @@ fn st_check(input: &[u8]) -> Verdict {
                     .tensors
                     .iter()
                     .find(|s| s.name == qs && s.dtype == Dtype::F32)
-                    .and_then(|s| input.get((h.data_start + s.start) as usize..(h.data_start + s.end) as usize))
+                    .and_then(|s| {
+                        input.get((h.data_start + s.start) as usize..(h.data_start + s.end) as usize)
+                    })
                     .and_then(|b| decode_f32(Dtype::F32, b).ok());
                 let _ = matrix_from_bytes(
                     &t.name,
@@ -250,7 +257,11 @@ fn olmoe_invariants(c: &OlmoeConfig) -> Verdict {
     }
     let hd = c.head_dim();
     if hd == 0 || hd % 2 != 0 || c.num_attention_heads % c.kv_heads() != 0 {
-        return Verdict::Broken(format!("head layout {hd} / {} / {}", c.num_attention_heads, c.kv_heads()));
+        return Verdict::Broken(format!(
+            "head layout {hd} / {} / {}",
+            c.num_attention_heads,
+            c.kv_heads()
+        ));
     }
     if !((c.rms_norm_eps as f32) > 0.0 && c.rope_theta().is_finite()) {
         return Verdict::Broken("rms_norm_eps or rope_theta unusable in f32".into());
@@ -305,7 +316,8 @@ fn kv_records(tokens: std::ops::Range<u32>) -> Option<KvRecords> {
 /// A state file image written through the real writer.
 fn kv_image(steps: &[(u64, std::ops::Range<u32>)]) -> Vec<u8> {
     let (storage, log) = RecordingStorage::new(Vec::new());
-    let Ok((mut f, _)) = KvFile::open_storage(Box::new(storage), Path::new("seed"), KV_LAYOUT, &mut |_, _| {})
+    let Ok((mut f, _)) =
+        KvFile::open_storage(Box::new(storage), Path::new("seed"), KV_LAYOUT, &mut |_, _| {})
     else {
         return Vec::new();
     };
@@ -358,9 +370,12 @@ fn kv_check(input: &[u8]) -> Verdict {
     drop(f);
     let image = replay(input.to_vec(), &log.lock().clone());
     let mut again = Vec::new();
-    let reopened = KvFile::open_storage(Box::new(MemStorage(image)), Path::new("fuzz"), KV_LAYOUT, &mut |t, _| {
-        again.push(t)
-    });
+    let reopened = KvFile::open_storage(
+        Box::new(MemStorage(image)),
+        Path::new("fuzz"),
+        KV_LAYOUT,
+        &mut |t, _| again.push(t),
+    );
     let want: Vec<u32> = held.iter().map(|h| h.0).chain([900, 901]).collect();
     match reopened {
         Ok(_) if again == want => {
@@ -449,6 +464,9 @@ mod tests {
         v["clip_qkv"] = (-1.0).into();
         let unchecked: OlmoeConfig = serde_json::from_value(v).expect("deserializes");
         let r = std::panic::catch_unwind(|| olmoe_invariants(&unchecked));
-        assert!(r.is_err(), "the invariant must trip on an unvalidated negative clip");
+        assert!(
+            r.is_err(),
+            "the invariant must trip on an unvalidated negative clip"
+        );
     }
 }
