@@ -6,7 +6,7 @@ use colibri::cli::{Cli, Command, bench, chat, convert, run, serve, synth, valida
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let trace = cli.command.engine_args().and_then(|a| a.trace.clone());
-    let _telemetry = match colibri::telemetry::init(trace.as_deref()) {
+    let telemetry = match colibri::telemetry::init(trace.as_deref()) {
         Ok(guard) => guard,
         Err(e) => {
             eprintln!("error: {e}");
@@ -21,6 +21,11 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::run(a).map(|_| true),
         Command::Synth(a) => synth::run(a).map(|_| true),
         Command::Bench(a) => bench::run(a),
+    };
+    // The trace is complete only now; a failed write is an error like any other.
+    let result = match (result, telemetry.finish()) {
+        (Ok(ok), Err(e)) => Err(anyhow::Error::new(e)).map(|()| ok),
+        (r, _) => r,
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

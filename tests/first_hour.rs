@@ -31,6 +31,11 @@ fn no_panic(o: &Output) {
 
 #[test]
 fn a_trace_file_that_cannot_be_created_is_an_error_not_a_panic() {
+    // A directory that certainly does not exist (not a fixed path someone
+    // may have created).
+    let tmp = tempfile::tempdir().expect("tmp");
+    let missing = tmp.path().join("missing").join("dir").join("t.json");
+    let missing = missing.to_str().expect("utf8");
     let o = run(
         &[
             "run",
@@ -39,17 +44,35 @@ fn a_trace_file_that_cannot_be_created_is_an_error_not_a_panic() {
             "--max-tokens",
             "1",
             "--trace",
-            "/nonexistent/dir/t.json",
+            missing,
         ],
         &[],
     );
     no_panic(&o);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("--trace /nonexistent/dir/t.json"),
+        stderr(&o).contains(&format!("--trace {missing}")),
         "{}",
         stderr(&o)
     );
+    // A device that refuses every write: an error at exit, not a panic.
+    if Path::new("/dev/full").exists() {
+        let o = run(
+            &[
+                "run",
+                "--prompt-ids",
+                "1,2",
+                "--max-tokens",
+                "1",
+                "--trace",
+                "/dev/full",
+            ],
+            &[],
+        );
+        no_panic(&o);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("writing the trace failed"), "{}", stderr(&o));
+    }
 }
 
 #[test]

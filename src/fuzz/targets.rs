@@ -256,7 +256,7 @@ fn olmoe_invariants(c: &OlmoeConfig) -> Verdict {
         let _ = 1.0f32.clamp(-b, b);
     }
     let hd = c.head_dim();
-    if hd == 0 || hd % 2 != 0 || c.num_attention_heads % c.kv_heads() != 0 {
+    if hd == 0 || !hd.is_multiple_of(2) || !c.num_attention_heads.is_multiple_of(c.kv_heads()) {
         return Verdict::Broken(format!(
             "head layout {hd} / {} / {}",
             c.num_attention_heads,
@@ -288,10 +288,10 @@ fn glm_invariants(c: &GlmConfig) -> Verdict {
         }
     }
     let s = c.softmax_scale();
-    if !(s.is_finite() && s > 0.0) || !((c.rms_norm_eps as f32) > 0.0) {
+    if !(s.is_finite() && s > 0.0 && (c.rms_norm_eps as f32) > 0.0) {
         return Verdict::Broken(format!("softmax scale {s} or eps unusable"));
     }
-    if c.n_routed_experts % c.n_group != 0 || c.topk_group > c.n_group {
+    if !c.n_routed_experts.is_multiple_of(c.n_group) || c.topk_group > c.n_group {
         return Verdict::Broken("group layout".into());
     }
     let _ = c.eos_ids();
