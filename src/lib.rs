@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod convert;
 pub mod engine;
+pub mod fuzz;
 pub mod kernels;
 pub mod model;
 pub mod quant;

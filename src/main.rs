@@ -6,7 +6,13 @@ use colibri::cli::{Cli, Command, bench, chat, convert, run, serve, synth, valida
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let trace = cli.command.engine_args().and_then(|a| a.trace.clone());
-    let _telemetry = colibri::telemetry::init(trace.as_deref());
+    let telemetry = match colibri::telemetry::init(trace.as_deref()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let threads = cli
         .command
         .engine_args()
@@ -33,12 +39,19 @@ fn main() -> ExitCode {
         Ok(pool) => pool.install(command),
         Err(e) => Err(anyhow::anyhow!("cannot start the compute threads: {e}")),
     };
+    // The trace is complete only now; a failed write is an error like any other.
+    let result = match (result, telemetry.finish()) {
+        (Ok(ok), Err(e)) => Err(anyhow::Error::new(e)).map(|()| ok),
+        (r, _) => r,
+    };
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        // 2 is clap's code for usage errors (bad flags); everything that goes
+        // wrong after the command line parsed (loading, I/O) is 1.
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
-            ExitCode::from(2)
+            ExitCode::from(1)
         }
     }
 }

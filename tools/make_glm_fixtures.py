@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # Oracle fixtures for the GLM-5 (glm_moe_dsa) engine: tiny random-weight
 # GlmMoeDsaForCausalLM checkpoints plus a transformers-produced REF.json
-# (CONTRACTS.md section 2) for each.
+# (docs/formats.md) for each.
 #
 # Pinned versions (the numbers in fixtures/ were produced with exactly these):
 #   torch==2.15.0  transformers==5.23.0  safetensors==0.8.0  numpy==2.4.6

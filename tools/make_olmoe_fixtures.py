@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Oracle fixtures for the OLMoE engine: tiny random-weight OlmoeForCausalLM checkpoints
-# plus a transformers-produced REF.json (CONTRACTS.md section 2) for each.
+# plus a transformers-produced REF.json (docs/formats.md) for each.
 #
 # Pinned versions (the numbers in fixtures/ were produced with exactly these):
 #   torch==2.15.0  transformers==5.23.0  safetensors==0.8.0  numpy==2.4.6  tokenizers==0.23.3
@@ -285,7 +285,7 @@ def build_candidate(name, seed, scale, clip):
 def int8_copy(model):
     """The model with every matrix the engine quantizes at --expert-bits 8
     --dense-bits 8 replaced by its int8 round trip (per-row amax/127 scale,
-    round half to even, CONTRACTS.md section 3). Router and norms stay f32."""
+    round half to even, docs/formats.md). Router and norms stay f32."""
     q = copy.deepcopy(model)
     with torch.no_grad():
         for name, p in q.named_parameters():

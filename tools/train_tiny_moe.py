@@ -212,7 +212,7 @@ def per_expert_state_dict(model, dtype):
         elif name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         elif name.endswith("norm.weight") or "layernorm" in name or name.endswith("mlp.gate.weight"):
-            out[name] = t.to(torch.float32).clone()  # norms and router stay F32, as in CONTRACTS
+            out[name] = t.to(torch.float32).clone()  # norms and router stay F32, as docs/formats.md says
         else:
             out[name] = t.clone()
     return out

@@ -23,20 +23,21 @@ fn pipeline(
         .expect("open")
 }
 
-/// Polls `cond` for up to 10 s.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..2000 {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+/// Waits until `cond` holds. There is no deadline here, so a slow machine
+/// only makes the test slower; a condition that never comes is a hang that
+/// the test's `with_timeout` guard turns into a failure naming `_what`.
+fn eventually(_what: &str, mut cond: impl FnMut() -> bool) {
+    while !cond() {
+        std::thread::sleep(Duration::from_millis(1));
     }
-    panic!("never happened: {what}");
 }
+
+/// Hang guard of each test, far above its running time on a loaded machine.
+const GUARD_SECS: u64 = 120;
 
 #[test]
 fn demand_faults_are_retried() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let st = Arc::new(ControlledStorage::new(fx.pread(), None));
         st.fail_next.store(2, Ordering::SeqCst);
@@ -53,7 +54,7 @@ fn demand_faults_are_retried() {
 
 #[test]
 fn persistent_faults_surface_and_the_pipeline_survives() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let st = Arc::new(ControlledStorage::new(fx.pread(), None));
         st.always_fail.store(true, Ordering::SeqCst);
@@ -86,7 +87,7 @@ fn persistent_faults_surface_and_the_pipeline_survives() {
 
 #[test]
 fn cancellation_is_prompt_and_stale_results_are_dropped() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let (open, gate) = crossbeam_channel::unbounded();
         let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
@@ -98,6 +99,11 @@ fn cancellation_is_prompt_and_stale_results_are_dropped() {
             matches!(r, Err(SourceError::Cancelled))
         });
         eventually("the miss is registered", || src.profile().misses == 1);
+        // The read must be running (stuck at the gate), not still queued: a
+        // queued read is cancelled before it starts and never goes stale.
+        eventually("the read is at the gate", || {
+            st.entered.load(Ordering::SeqCst) == 1
+        });
         // Another thread cancels the generation while the read is stuck.
         src.advance(Tag::new(2, 0, 0));
         assert!(waiter.join().expect("waiter"), "fetch must return Cancelled");
@@ -122,7 +128,7 @@ fn cancellation_is_prompt_and_stale_results_are_dropped() {
 
 #[test]
 fn cancelled_queued_reads_are_never_issued() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let (open, gate) = crossbeam_channel::unbounded();
         let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
@@ -138,6 +144,8 @@ fn cancelled_queued_reads_are_never_issued() {
         };
         let a = spawn_fetch(1);
         eventually("first miss", || src.profile().misses == 1);
+        // The one worker runs a's read (at the gate) before b queues behind it.
+        eventually("a's read is running", || st.entered.load(Ordering::SeqCst) == 1);
         let b = spawn_fetch(2);
         eventually("second miss", || src.profile().misses == 2);
         src.advance(Tag::new(2, 0, 0));
@@ -159,7 +167,7 @@ fn cancelled_queued_reads_are_never_issued() {
 
 #[test]
 fn concurrent_requests_share_one_read() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let (open, gate) = crossbeam_channel::unbounded();
         let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
@@ -186,7 +194,7 @@ fn concurrent_requests_share_one_read() {
 
 #[test]
 fn demand_goes_before_prefetch() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let (open, gate) = crossbeam_channel::unbounded();
         let st = Arc::new(ControlledStorage::new(fx.pread(), Some(gate)));
@@ -198,6 +206,9 @@ fn demand_goes_before_prefetch() {
         // Background loads (pins use the prefetch queue); the one worker
         // takes the first and blocks on the gate.
         src.pin(&keys(0, &[1]));
+        eventually("the worker holds the first load", || {
+            st.entered.load(Ordering::SeqCst) == 1
+        });
         src.pin(&keys(0, &[2, 4, 5]));
         let (s, k) = (src.clone(), keys(1, &[1]));
         let demand = std::thread::spawn(move || s.fetch(Tag::new(0, 0, 1), &k, &mut |_, _| Ok(())).is_ok());
@@ -223,7 +234,7 @@ fn demand_goes_before_prefetch() {
 
 #[test]
 fn pilot_prefetches_and_measures_recall() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(4, 16);
         let st = Arc::new(ControlledStorage::new(fx.pread(), None));
         let src = pipeline(&fx, st, PipelineConfig::default());
@@ -257,7 +268,7 @@ fn pilot_prefetches_and_measures_recall() {
 
 #[test]
 fn no_overlap_mode_reads_one_expert_at_a_time() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let st = Arc::new(ControlledStorage::new(fx.pread(), None));
         let cfg = PipelineConfig {
@@ -292,7 +303,7 @@ fn no_overlap_mode_reads_one_expert_at_a_time() {
 
 #[test]
 fn sink_errors_stop_the_fetch_and_leave_the_pipeline_usable() {
-    with_timeout(30, || {
+    with_timeout(GUARD_SECS, || {
         let fx = Fixture::new(2, 8);
         let st = Arc::new(ControlledStorage::new(fx.pread(), None));
         let src = pipeline(&fx, st, PipelineConfig::default());

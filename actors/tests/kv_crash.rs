@@ -3,6 +3,7 @@
 //!
 //! The test binary re-invokes itself as the writer (env `COLI_KV_CRASH_CHILD`).
 
+use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,6 +15,8 @@ const LAYOUT: KvLayout = KvLayout {
     payload_bytes: 4096,
 };
 const CHILD_ENV: &str = "COLI_KV_CRASH_CHILD";
+/// What the writer prints once its first append is committed.
+const COMMITTED: &str = "<first append committed>";
 
 fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
@@ -66,6 +69,23 @@ fn child(path: &Path, seed: u64) -> ! {
     let (mut f, _) = KvFile::open(path, LAYOUT, &mut |_, _| {}).unwrap();
     let mut rng = XorShift(seed | 1);
     let mut round = 0u32;
+    // First a committed append, announced on stdout; then wait for the
+    // parent's go (a byte or EOF on stdin). A parent that kills at this point
+    // knows the file holds at least this append: an event, not a guess.
+    let at = f.len();
+    let mut recs = KvRecords::new(LAYOUT);
+    for pos in at..at + 3 {
+        let token = 7_000_000 + pos as u32;
+        recs.push(token, &payload(pos, token)).unwrap();
+    }
+    f.append(at, &recs).unwrap();
+    {
+        use std::io::{Read, Write};
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{COMMITTED}").unwrap();
+        out.flush().unwrap();
+        let _ = std::io::stdin().read(&mut [0u8; 1]);
+    }
     loop {
         round = round.wrapping_add(1);
         let r = rng.next();
@@ -116,11 +136,27 @@ fn kill_9_always_leaves_a_consistent_prefix() {
                 "--test-threads=1",
             ])
             .env(CHILD_ENV, format!("{}|{}", path.display(), rng.next()))
-            .stdout(Stdio::null())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(5 + rng.next() % 60));
+        // Wait for the child's first commit (an event; the harness prints
+        // its own lines first).
+        let mut lines = std::io::BufReader::new(c.stdout.take().unwrap()).lines();
+        loop {
+            match lines.next() {
+                // The harness may print "test NAME ... " on the same line.
+                Some(Ok(l)) if l.ends_with(COMMITTED) => break,
+                Some(Ok(_)) => continue,
+                other => panic!("round {rounds}: the writer ended before committing: {other:?}"),
+            }
+        }
+        if rounds % 2 == 1 {
+            // Let it run, and kill it somewhere in its writes.
+            let _ = c.stdin.take().unwrap().write_all(b"g");
+            std::thread::sleep(Duration::from_millis(rng.next() % 60));
+        }
         c.kill().unwrap(); // SIGKILL
         c.wait().unwrap();
         let mut pos = 0u64;
@@ -148,6 +184,7 @@ fn kill_9_always_leaves_a_consistent_prefix() {
         }
         rounds += 1;
     }
+    // Every even round kills the writer parked after a commit.
     assert!(
         nonempty > 0,
         "the writer never committed anything in {rounds} rounds"

@@ -39,11 +39,17 @@ fn stress(cfg: PipelineConfig, seed: u64) -> Outcome {
         std::thread::spawn(move || {
             let mut r = SplitMix64::new(seed);
             let mut n = 0u64;
-            while !done.load(Ordering::SeqCst) {
+            // At least one cancellation whatever the scheduler does (on a
+            // loaded machine this thread may first run after the workload
+            // ends); the pauses only spread the others out.
+            loop {
                 std::thread::sleep(Duration::from_micros(500 + r.below(6000)));
                 let g = generation.fetch_add(1, Ordering::SeqCst) + 1;
                 src.advance(Tag::new(g, 0, 0));
                 n += 1;
+                if done.load(Ordering::SeqCst) {
+                    break;
+                }
             }
             n
         })

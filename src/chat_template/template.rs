@@ -156,6 +156,29 @@ impl ChatTemplate {
         }
     }
 
+    /// The template a model directory ships in its tokenizer_config.json, or
+    /// `None` when it ships none (no file, or a file without `chat_template`):
+    /// `coli run --prompt` wraps the prompt only for models trained on a
+    /// template, so base models still see the raw text.
+    pub fn of_model(dir: &Path, fallback: Family) -> Result<Option<Self>, TemplateError> {
+        let path = dir.join("tokenizer_config.json");
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|source| TemplateError::Json {
+            path: path.clone(),
+            source,
+        })?;
+        match json.get("chat_template") {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(_) => Self::from_tokenizer_config(&path, fallback).map(Some),
+        }
+    }
+
     /// The whole conversation as prompt text.
     pub fn render(
         &self,

@@ -23,18 +23,18 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArg,
     /// Tokens per reply.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub max_tokens: usize,
     /// Context length (default: the model's, at most 8192).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub ctx: Option<usize>,
     /// 0 = greedy.
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = 0.7, allow_negative_numbers = true)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// 0 = no top-k cut.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub top_k: usize,
     /// Seed of the first reply (later replies use seed+1, seed+2, ...); default: fresh.
     #[arg(long)]
@@ -195,7 +195,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         let text = line.trim_end_matches(['\n', '\r']);
         match text.trim() {
             ":q" | ":quit" => break,
-            ":reset" => chat.reset()?,
+            ":reset" => {
+                chat.reset()?;
+                eprintln!("coli chat: conversation cleared; starting over");
+            }
             ":more" => chat.more(&mut out)?,
             "" => {}
             _ => chat.turn(text, &mut out)?,

@@ -16,7 +16,7 @@ pub struct ConvertArgs {
     /// Output container directory (must not exist, or be empty).
     #[arg(long)]
     pub output: PathBuf,
-    /// Routed experts: f32, int8 (the default, CONTRACTS.md), int4, int4-gN
+    /// Routed experts: f32, int8 (the default), int4, int4-gN
     /// (N in 16..=256; int4-g64 is the usual choice for GLM-5 / DeepSeek-V3),
     /// int2. The MTP layer of GLM / DeepSeek-V3 never goes below int8.
     #[arg(long, default_value = "int8")]

@@ -1,4 +1,7 @@
-//! The `coli` command line (CONTRACTS.md section 1).
+//! The `coli` command line (documented in README.md and docs/).
+//!
+//! Exit codes: 0 success, 1 a runtime error (loading a model, I/O, a
+//! failed validation), 2 a usage error (clap's code for bad flags).
 
 pub mod bench;
 pub mod chat;
@@ -96,16 +99,16 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 32)]
     pub dense_bits: u32,
     /// Experts kept resident per layer.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count)]
     pub cache_cap: Option<usize>,
     /// Memory budget in GB for the expert cache (default: from MemAvailable).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub ram_gb: Option<f64>,
     /// Pilot prefetcher (predicts the next layer's experts).
     #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
     pub pilot: bool,
     /// Experts the pilot prefetches per layer (default: the model's top-k).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count)]
     pub pilot_k: Option<usize>,
     /// Disk I/O worker threads.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
@@ -156,6 +159,18 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
         "off" | "0" | "false" => Ok(false),
         _ => Err(format!("expected on or off, got {s:?}")),
     }
+}
+
+/// A count flag (`--cache-cap`, `--max-tokens`, ...): a whole number >= 0.
+/// Negative numbers reach this parser (the flags allow them) so that `-1`
+/// gets this message instead of clap's "unexpected argument '-1'".
+pub fn parse_count(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    if t.starts_with('-') && t[1..].parse::<f64>().is_ok() {
+        return Err(format!("must be a whole number >= 0, got {s}"));
+    }
+    t.parse::<usize>()
+        .map_err(|_| format!("expected a whole number >= 0, got {s:?}"))
 }
 
 impl EngineArgs {

@@ -1,11 +1,13 @@
 //! `coli run`: generate from a prompt.
 
 use std::io::Write;
+use std::path::Path;
 
 use anyhow::Context;
 use clap::Args;
 
 use super::{EngineArgs, ModelArg, parse_ids};
+use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::Engine;
 use crate::engine::speculative::{DraftMode, SpecOptions, Speculator};
 use crate::sampling::{Sampler, SamplingParams};
@@ -18,18 +20,22 @@ pub struct RunArgs {
     /// Prompt text (needs tokenizer.json in the model directory).
     #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
     pub prompt: Option<String>,
+    /// Use the --prompt text as it is, without the model's chat template
+    /// (models whose tokenizer_config.json has a template get it by default).
+    #[arg(long)]
+    pub raw: bool,
     /// Prompt as comma-separated token ids.
     #[arg(long)]
     pub prompt_ids: Option<String>,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub max_tokens: usize,
     /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// 0 = no top-k cut.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub top_k: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -90,6 +96,17 @@ fn draft_report(spec: &Speculator, engine: &Engine) -> String {
     line
 }
 
+/// `text` as one user turn in the model's chat template, ready for the
+/// assistant's reply; the text itself for a model without a template.
+/// A chat model given bare text sees no assistant prompt and often ends at once.
+pub fn chat_prompt(dir: &Path, text: &str) -> anyhow::Result<String> {
+    let family = crate::engine::template_family(dir);
+    match ChatTemplate::of_model(dir, family)? {
+        Some(t) => Ok(t.render(&[ChatMessage::user(text)], true)?),
+        None => Ok(text.to_string()),
+    }
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.draft.0.is_some() && args.temperature > 0.0 {
         anyhow::bail!(
@@ -111,7 +128,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
     let prompt = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => parse_ids(ids)?,
-        (Some(text), None) => engine.tokenizer()?.encode(text)?,
+        (Some(text), None) => {
+            let text = if args.raw {
+                text.clone()
+            } else {
+                chat_prompt(&dir, text)?
+            };
+            engine.tokenizer()?.encode(&text)?
+        }
         (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };
     if prompt.is_empty() {

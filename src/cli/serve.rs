@@ -1,12 +1,13 @@
-//! `coli serve`: the stdin protocol (CONTRACTS.md section 4) over the real engine.
+//! `coli serve`: the stdin protocol (docs/serve-protocol.md) over the real engine.
 
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 
 use super::{EngineArgs, ModelArg};
+use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
 use crate::engine::{Engine, EngineServer, SlotOptions};
 use crate::serve::{MAX_KV_SLOTS, ServeConfig, run_serve};
 
@@ -21,26 +22,27 @@ pub struct ServeArgs {
     /// Independent conversations (PROMPT's kv_slot), 1..16.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_KV_SLOTS as u64))]
     pub kv_slots: u64,
-    /// Directory of the conversation state files (default: the model directory).
+    /// Directory of the conversation state files (default:
+    /// $XDG_STATE_HOME/colibri/<model fingerprint>, ~/.local/state/... when unset).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// Do not save or restore conversations.
     #[arg(long)]
     pub no_kv_save: bool,
     /// Tokens per chat reply, and the cap on PROMPT's max_tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub max_tokens: usize,
     /// Context length per slot (default: the model's, at most 8192).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub ctx: Option<usize>,
     /// Top-k cut for sampling (0 = none).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub top_k: usize,
     /// Sampling temperature for chat lines (PROMPT brings its own); 0 = greedy.
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = 0.7, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Nucleus cut for chat lines.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Seed for chat lines (default: a fresh one per reply).
     #[arg(long)]
@@ -73,21 +75,38 @@ pub fn check_sampling(temperature: f32, top_p: f32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The state directory when saving is on and the directory can be written;
-/// otherwise `None`, with the reason on stderr.
-fn state_dir(args: &ServeArgs, model_dir: &Path) -> Option<PathBuf> {
+/// The state directory when saving is on and the directory can be used;
+/// otherwise `None`, with the reason on stderr. A directory other users can
+/// write to is an error, not a warning: the user asked for something unsafe.
+fn state_dir(args: &ServeArgs, fingerprint: u64) -> anyhow::Result<Option<PathBuf>> {
     if args.no_kv_save {
-        return None;
+        return Ok(None);
     }
-    let dir = args.state_dir.clone().unwrap_or_else(|| model_dir.to_path_buf());
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        eprintln!(
-            "coli: cannot create the state directory {} ({e}); conversations will not be saved",
-            dir.display()
-        );
-        return None;
+    let dir = match &args.state_dir {
+        Some(d) => d.clone(),
+        None => match default_state_dir(
+            fingerprint,
+            std::env::var_os("XDG_STATE_HOME").as_deref(),
+            std::env::var_os("HOME").as_deref(),
+        ) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("coli: {e}; conversations will not be saved");
+                return Ok(None);
+            }
+        },
+    };
+    match prepare_state_dir(&dir) {
+        Ok(()) => Ok(Some(dir)),
+        Err(e @ StateError::Insecure { .. }) => Err(e.into()),
+        Err(e) => {
+            eprintln!(
+                "coli: cannot use the state directory {} ({e}); conversations will not be saved",
+                dir.display()
+            );
+            Ok(None)
+        }
     }
-    Some(dir)
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -102,7 +121,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         kv_slots,
         max_ctx,
         top_k: args.top_k,
-        state_dir: state_dir(&args, &dir),
+        state_dir: state_dir(&args, engine.state_fingerprint())?,
     };
     let mut server = EngineServer::new(engine, &slot_opts, Box::new(std::io::stderr()))
         .with_context(|| format!("preparing {} for serving", dir.display()))?;
@@ -115,10 +134,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         seed: args.seed,
         ..ServeConfig::default()
     };
+    let saving = match (server.saving(), &slot_opts.state_dir) {
+        (true, Some(d)) => format!("saving to {}", d.display()),
+        _ => "saving off".to_string(),
+    };
     eprintln!(
-        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, saving {})",
-        dir.display(),
-        if server.saving() { "on" } else { "off" }
+        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving})",
+        dir.display()
     );
     let stdin = std::io::stdin().lock();
     // The session flushes after every streamed piece and every closing line.

@@ -29,7 +29,7 @@ pub struct ValidateArgs {
     pub engine: EngineArgs,
 }
 
-/// CONTRACTS.md section 2; extra keys are ignored.
+/// docs/formats.md, "Oracle reference files"; extra keys are ignored.
 #[derive(Debug, Deserialize)]
 pub struct Reference {
     pub prompt_ids: Vec<u32>,

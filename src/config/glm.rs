@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{ConfigError, read_json};
+use super::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
 
 /// Which of the two families a config describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,7 +158,17 @@ impl GlmConfig {
                 reason,
             })
         };
-        const LIMIT: usize = 1 << 24;
+        const LIMIT: usize = COUNT_LIMIT;
+        for (field, v) in [
+            ("n_shared_experts", self.n_shared_experts),
+            ("first_k_dense_replace", self.first_k_dense_replace.unwrap_or(0)),
+            ("index_topk_freq", self.index_topk_freq.unwrap_or(1)),
+            ("index_skip_topk_offset", self.index_skip_topk_offset.unwrap_or(0)),
+        ] {
+            if v > LIMIT {
+                return bad(field, format!("must be in 0..={LIMIT}, got {v}"));
+            }
+        }
         for (field, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -243,21 +253,50 @@ impl GlmConfig {
                 format!("rope type {kind:?} is not supported (default only)"),
             );
         }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return bad(
-                "rms_norm_eps",
-                format!("must be positive, got {}", self.rms_norm_eps),
-            );
+        check_floats(path, self.rms_norm_eps, self.rope_theta())?;
+        let rsf = self.routed_scaling_factor;
+        if !(rsf.is_finite() && rsf > 0.0 && rsf <= 1e6) {
+            return bad("routed_scaling_factor", format!("must be in (0, 1e6], got {rsf}"));
         }
-        if !(self.rope_theta().is_finite() && self.rope_theta() > 0.0) {
-            return bad(
-                "rope_theta",
-                format!("must be positive, got {}", self.rope_theta()),
-            );
-        }
-        if !self.routed_scaling_factor.is_finite() {
-            return bad("routed_scaling_factor", "must be finite".into());
-        }
+        let h = self.hidden_size;
+        let q_rank = self.q_lora_rank.unwrap_or(h);
+        let index_dims = match self.family() {
+            MlaFamily::GlmMoeDsa => self.index_n_heads().saturating_mul(self.index_head_dim()),
+            MlaFamily::DeepseekV3 => 1,
+        };
+        check_products(
+            path,
+            &[
+                ("vocab_size", &[self.vocab_size, h]),
+                ("intermediate_size", &[self.intermediate_size, h]),
+                (
+                    "num_attention_heads",
+                    &[self.num_attention_heads, self.q_head_dim(), q_rank],
+                ),
+                ("v_head_dim", &[self.num_attention_heads, self.v_head_dim, h]),
+                (
+                    "kv_lora_rank",
+                    &[
+                        self.kv_lora_rank,
+                        self.num_attention_heads,
+                        self.qk_nope_head_dim + self.v_head_dim,
+                    ],
+                ),
+                (
+                    "n_routed_experts",
+                    &[self.n_routed_experts, self.moe_intermediate_size, h],
+                ),
+                (
+                    "max_position_embeddings",
+                    &[
+                        self.max_position_embeddings,
+                        self.num_hidden_layers,
+                        self.kv_lora_rank + self.qk_rope_head_dim,
+                    ],
+                ),
+                ("index_n_heads", &[index_dims, q_rank]),
+            ],
+        )?;
         if self.num_nextn_predict_layers > 1 {
             return bad(
                 "num_nextn_predict_layers",
@@ -479,5 +518,29 @@ mod tests {
         let mut v = base();
         v["model_type"] = "llama".into();
         assert!(matches!(parse(v), Err(ConfigError::ModelType { .. })));
+    }
+
+    #[test]
+    fn every_number_is_range_checked() {
+        for (field, val) in [
+            ("routed_scaling_factor", serde_json::json!(-2.5)),
+            ("routed_scaling_factor", serde_json::json!(0.0)),
+            ("n_shared_experts", serde_json::json!(1u64 << 30)),
+            ("first_k_dense_replace", serde_json::json!(1u64 << 30)),
+            ("index_topk_freq", serde_json::json!(1u64 << 30)),
+            ("rms_norm_eps", serde_json::json!(1e-300)),
+            ("max_position_embeddings", serde_json::json!(0)),
+            ("index_n_heads", serde_json::json!(0)),
+        ] {
+            let mut v = base();
+            v[field] = val.clone();
+            let e = parse(v).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}={val}: {e}");
+        }
+        let mut v = base();
+        v["n_routed_experts"] = (1u64 << 24).into();
+        v["moe_intermediate_size"] = (1u64 << 24).into();
+        let e = parse(v).unwrap_err();
+        assert!(e.to_string().contains("elements"), "{e}");
     }
 }

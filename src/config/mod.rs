@@ -33,6 +33,62 @@ pub enum ConfigError {
     },
 }
 
+/// Largest count a config field may hold (layers, heads, sizes, ...): far
+/// above any real model, small enough that products of two counts never
+/// overflow and a hostile file cannot ask for absurd allocations.
+pub(crate) const COUNT_LIMIT: usize = 1 << 24;
+
+/// Largest element count of one weight matrix or table a config may imply.
+pub(crate) const ELEMENT_LIMIT: u128 = 1 << 40;
+
+/// Largest `rope_theta` accepted (real models use up to ~1e7).
+pub(crate) const ROPE_THETA_LIMIT: f64 = 1e12;
+
+/// Checks the float fields every family shares: finite, positive, and still
+/// positive and finite once narrowed to f32 (the kernels compute in f32, so
+/// an epsilon of 1e-300 would become 0 and a norm would divide by zero).
+pub(crate) fn check_floats(path: &Path, rms_norm_eps: f64, rope_theta: f64) -> Result<(), ConfigError> {
+    let bad = |field: &'static str, reason: String| {
+        Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            reason,
+        })
+    };
+    let eps32 = rms_norm_eps as f32;
+    if !(rms_norm_eps.is_finite() && rms_norm_eps <= 1.0 && eps32 > 0.0) {
+        return bad(
+            "rms_norm_eps",
+            format!("must be in (0, 1] and representable in f32, got {rms_norm_eps}"),
+        );
+    }
+    if !(rope_theta.is_finite() && rope_theta > 0.0 && rope_theta <= ROPE_THETA_LIMIT) {
+        return bad(
+            "rope_theta",
+            format!("must be in (0, {ROPE_THETA_LIMIT:e}], got {rope_theta}"),
+        );
+    }
+    Ok(())
+}
+
+/// Checks that each named product of counts (a matrix's element count) stays
+/// within [`ELEMENT_LIMIT`], so size arithmetic downstream cannot overflow.
+pub(crate) fn check_products(path: &Path, products: &[(&'static str, &[usize])]) -> Result<(), ConfigError> {
+    for (field, factors) in products {
+        let n = factors
+            .iter()
+            .fold(1u128, |acc, &f| acc.saturating_mul(f as u128));
+        if n > ELEMENT_LIMIT {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason: format!("implies a tensor of {n} elements (limit {ELEMENT_LIMIT})"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Reads `config.json` of a model directory into JSON, for dispatching on
 /// `model_type` before parsing the family's typed config.
 pub fn read_json(dir: &Path) -> Result<(PathBuf, serde_json::Value), ConfigError> {

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{ConfigError, read_json};
+use super::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
 
 /// The fields of an OLMoE `config.json` the engine uses, validated.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -88,8 +88,9 @@ impl OlmoeConfig {
                 reason,
             })
         };
-        const LIMIT: usize = 1 << 24;
+        const LIMIT: usize = COUNT_LIMIT;
         for (field, v) in [
+            ("max_position_embeddings", self.max_position_embeddings),
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
@@ -101,6 +102,11 @@ impl OlmoeConfig {
             if v == 0 || v > LIMIT {
                 return bad(field, format!("must be in 1..={LIMIT}, got {v}"));
             }
+        }
+        if let Some(h) = self.head_dim
+            && h > LIMIT
+        {
+            return bad("head_dim", format!("must be in 1..={LIMIT}, got {h}"));
         }
         let kv = self.kv_heads();
         if kv == 0 || !self.num_attention_heads.is_multiple_of(kv) {
@@ -132,18 +138,28 @@ impl OlmoeConfig {
         {
             return bad("rope_scaling", format!("rope type {kind:?} is not supported"));
         }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return bad(
-                "rms_norm_eps",
-                format!("must be positive, got {}", self.rms_norm_eps),
-            );
+        check_floats(path, self.rms_norm_eps, self.rope_theta())?;
+        if let Some(c) = self.clip_qkv
+            && !(c.is_finite() && c > 0.0 && (c as f32).is_finite())
+        {
+            // Attention clamps q, k, v to [-c, c]: a negative or NaN bound is
+            // meaningless (and makes f32::clamp panic).
+            return bad("clip_qkv", format!("must be a positive finite number, got {c}"));
         }
-        if !(self.rope_theta().is_finite() && self.rope_theta() > 0.0) {
-            return bad(
-                "rope_theta",
-                format!("must be positive, got {}", self.rope_theta()),
-            );
-        }
+        let (h, hd) = (self.hidden_size, self.head_dim());
+        check_products(
+            path,
+            &[
+                ("vocab_size", &[self.vocab_size, h]),
+                ("intermediate_size", &[self.intermediate_size, h]),
+                ("num_attention_heads", &[self.num_attention_heads, hd, h]),
+                ("num_experts", &[self.num_experts, self.intermediate_size, h]),
+                (
+                    "max_position_embeddings",
+                    &[self.max_position_embeddings, self.num_hidden_layers, kv, hd],
+                ),
+            ],
+        )?;
         Ok(())
     }
 
@@ -199,5 +215,35 @@ mod tests {
             OlmoeConfig::from_json(Path::new("c.json"), v),
             Err(ConfigError::ModelType { .. })
         ));
+    }
+
+    #[test]
+    fn every_number_is_range_checked() {
+        for (field, val) in [
+            ("clip_qkv", serde_json::json!(-1.0)),
+            ("clip_qkv", serde_json::json!(0.0)),
+            ("clip_qkv", serde_json::json!(1e300)),
+            ("max_position_embeddings", serde_json::json!(0)),
+            ("head_dim", serde_json::json!(1u64 << 40)),
+            ("rms_norm_eps", serde_json::json!(1e-300)),
+            ("rms_norm_eps", serde_json::json!(-1e-5)),
+            ("rope_theta", serde_json::json!(1e300)),
+            ("rope_theta", serde_json::json!(0.0)),
+            ("vocab_size", serde_json::json!(1u64 << 30)),
+        ] {
+            let mut v = base();
+            v[field] = val.clone();
+            let e = OlmoeConfig::from_json(Path::new("c.json"), v).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}={val}: {e}");
+        }
+        // Products of individually valid counts are bounded too.
+        let mut v = base();
+        v["vocab_size"] = (1u64 << 24).into();
+        v["hidden_size"] = (1u64 << 24).into();
+        let e = OlmoeConfig::from_json(Path::new("c.json"), v).unwrap_err();
+        assert!(e.to_string().contains("elements"), "{e}");
+        let mut v = base();
+        v["clip_qkv"] = 8.0.into();
+        assert!(OlmoeConfig::from_json(Path::new("c.json"), v).is_ok());
     }
 }

@@ -264,7 +264,7 @@ fn split_fused(name: &str) -> Option<(usize, bool)> {
     Some((l.parse().ok()?, is_down))
 }
 
-/// Dense tensors that stay F32 whatever `--dense` says (CONTRACTS.md 3).
+/// Dense tensors that stay F32 whatever `--dense` says (docs/formats.md).
 fn keeps_f32(name: &str, shape: &[usize]) -> bool {
     shape.len() != 2 || name.contains("norm") || name.ends_with(".bias") || name.ends_with("mlp.gate.weight")
 }

@@ -7,10 +7,11 @@ pub mod profile;
 mod serve_engine;
 mod slot_store;
 pub mod speculative;
+pub mod state;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::{EngineOptions, Placement};
-pub use serve_engine::{EngineServer, LastCall, ServeEngineError, SlotOptions};
+pub use serve_engine::{EngineServer, LastCall, ServeEngineError, SlotOptions, template_family};
 pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 
 use std::path::{Path, PathBuf};
@@ -43,6 +44,8 @@ pub enum EngineError {
     Option(String),
     #[error(transparent)]
     Forward(#[from] crate::model::lm::ForwardError),
+    #[error(transparent)]
+    State(#[from] state::StateError),
 }
 
 /// Builds the expert source a model streams its experts through, from the
@@ -227,6 +230,9 @@ pub struct Engine {
     pub model: Box<dyn LanguageModel>,
     pub tokenizer: Option<Tokenizer>,
     pub stop_ids: Vec<u32>,
+    /// Identifies this model as loaded (shape, weights, formats): names the
+    /// default state directory and guards state files ([`state`]).
+    state_fingerprint: u64,
     /// The engine-wide token-step clock. Every forward pass of every
     /// session gets a newer tag than all before it, because the expert
     /// source treats older tags as stale work to drop.
@@ -239,6 +245,7 @@ impl Engine {
     /// (validation runs on ids); text front ends ask for it explicitly.
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<Self, EngineError> {
         let (model, stop_ids) = load_family(dir, opts)?;
+        let state_fingerprint = state::model_fingerprint(dir, opts, model.fingerprint())?;
         let tokenizer = match Tokenizer::load(dir) {
             Ok(t) => Some(t),
             Err(TokenizerError::Missing(_)) => None,
@@ -249,9 +256,16 @@ impl Engine {
             model,
             tokenizer,
             stop_ids,
+            state_fingerprint,
             generation: 0,
             step: 0,
         })
+    }
+
+    /// The digest of the model as loaded (shape, weights, bit widths) that
+    /// conversation state files must carry.
+    pub fn state_fingerprint(&self) -> u64 {
+        self.state_fingerprint
     }
 
     /// The tag for the next forward pass (newer than every earlier one).

@@ -1,4 +1,4 @@
-//! Engine options shared by every command (CONTRACTS.md section 1).
+//! Engine options shared by every command (README.md, "Engine options").
 
 /// Where routed experts live while a model runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

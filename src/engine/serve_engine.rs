@@ -118,7 +118,7 @@ impl EngineServer {
             Some(dir) => SlotStore::open(
                 dir,
                 &mut slots,
-                engine.model.fingerprint(),
+                engine.state_fingerprint(),
                 opts.max_ctx,
                 diag.as_mut(),
             ),
@@ -289,7 +289,7 @@ impl ServeEngine for EngineServer {
 }
 
 /// The built-in chat template family for a model directory's `model_type`.
-fn template_family(dir: &std::path::Path) -> Family {
+pub fn template_family(dir: &std::path::Path) -> Family {
     let model_type = crate::config::read_json(dir)
         .ok()
         .and_then(|(_, v)| v.get("model_type").and_then(|t| t.as_str()).map(str::to_string));

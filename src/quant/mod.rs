@@ -1,4 +1,4 @@
-//! Quantized weight matrices in the byte layouts of CONTRACTS.md section 3.
+//! Quantized weight matrices in the byte layouts of docs/formats.md ("Quantized tensors").
 //!
 //! A [`QMatrix`] is what every linear layer holds, whatever its precision, so
 //! model code is written once and `--expert-bits` / `--dense-bits` only change

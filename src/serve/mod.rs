@@ -1,4 +1,4 @@
-//! `coli serve`: the stdin/stdout protocol of CONTRACTS.md section 4.
+//! `coli serve`: the stdin/stdout protocol of docs/serve-protocol.md.
 //!
 //! Three layers, each testable alone:
 //! - [`frame`]: bytes in -> [`Frame`]s, never desynchronising on bad input;

@@ -1,4 +1,4 @@
-//! The exact bytes `coli serve` writes to stdout (CONTRACTS.md section 4).
+//! The exact bytes `coli serve` writes to stdout (docs/serve-protocol.md).
 //!
 //! Two STAT shapes exist upstream and clients parse both: the short
 //! `STAT <emitted> <tok/s> <hit%> <rss>` (after READY, RESET, MORE and an

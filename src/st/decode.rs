@@ -65,7 +65,7 @@ pub(crate) fn name_tensor(e: StError, name: &str) -> StError {
 /// Floating-point storage (F32/BF16/F16) is converted and stored as `want`
 /// (quantized at load when `want` is not F32). U8/I8 storage is an already
 /// quantized tensor: `scales` (its `.qs` values) are required, the layout is
-/// recognised from the byte and scale counts (CONTRACTS.md section 3) and
+/// recognised from the byte and scale counts (docs/formats.md) and
 /// `want` is ignored, since requantizing would compound rounding error.
 pub fn matrix_from_bytes(
     name: &str,

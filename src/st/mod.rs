@@ -6,7 +6,7 @@
 //! truncated file is refused with a message naming the file and the tensor
 //! instead of crashing later in model code.
 //!
-//! Quantized tensors (CONTRACTS.md section 3) are U8/I8 bytes plus a sibling
+//! Quantized tensors (docs/formats.md) are U8/I8 bytes plus a sibling
 //! `<name>.qs` F32 tensor. The byte tensor may be 2-D `[O, bytes_per_row]`
 //! (what `coli convert` writes, upstream compatible) or 1-D flat; either way
 //! its total byte count must match exactly one layout for the logical

@@ -64,9 +64,15 @@ pub struct Server {
     rx: Receiver<Vec<u8>>,
     buf: Vec<u8>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// The thread copying stderr; joined (it ends at the child's exit) before
+    /// stderr is read for a verdict, so no message is missed.
+    stderr_reader: Option<thread::JoinHandle<()>>,
 }
 
-fn drain<R: Read + Send + 'static>(mut r: R, mut sink: impl FnMut(Vec<u8>) -> bool + Send + 'static) {
+fn drain<R: Read + Send + 'static>(
+    mut r: R,
+    mut sink: impl FnMut(Vec<u8>) -> bool + Send + 'static,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut chunk = [0u8; 4096];
         loop {
@@ -79,7 +85,7 @@ fn drain<R: Read + Send + 'static>(mut r: R, mut sink: impl FnMut(Vec<u8>) -> bo
                 }
             }
         }
-    });
+    })
 }
 
 /// Starts `coli ARGS...` with piped stdin, stdout and stderr and no
@@ -98,7 +104,7 @@ pub fn spawn_coli<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) 
 impl Server {
     /// Starts `coli serve --model MODEL ARGS...` (no READY read yet).
     pub fn spawn(model: &Path, args: &[&str]) -> Server {
-        let mut child = spawn_coli(
+        let child = spawn_coli(
             [
                 std::ffi::OsStr::new("serve"),
                 "--model".as_ref(),
@@ -107,24 +113,41 @@ impl Server {
             .into_iter()
             .chain(args.iter().map(std::ffi::OsStr::new)),
         );
+        Self::attach(child)
+    }
+
+    /// Starts a prepared `coli` command (arguments, environment) with piped
+    /// stdio (no READY read yet).
+    pub fn from_command(mut cmd: Command) -> Server {
+        let child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning coli");
+        Self::attach(child)
+    }
+
+    fn attach(mut child: Child) -> Server {
         let stdin = child.stdin.take();
         let (tx, rx) = channel();
         if let Some(out) = child.stdout.take() {
             drain(out, move |b| tx.send(b).is_ok());
         }
         let stderr = Arc::new(Mutex::new(Vec::new()));
-        if let Some(err) = child.stderr.take() {
+        let stderr_reader = child.stderr.take().map(|err| {
             let sink = stderr.clone();
             drain(err, move |b| {
                 sink.lock().map(|mut s| s.extend_from_slice(&b)).is_ok()
-            });
-        }
+            })
+        });
         Server {
             child,
             stdin,
             rx,
             buf: Vec::new(),
             stderr,
+            stderr_reader,
         }
     }
 
@@ -165,8 +188,10 @@ impl Server {
                 );
             }
             Err(RecvTimeoutError::Disconnected) => {
-                // Give stderr's reader a moment to catch the last words.
-                thread::sleep(Duration::from_millis(100));
+                // stdout closed: the child is exiting; its last words are in
+                // stderr once the reader has seen the pipe close.
+                wait_bounded(&mut self.child, REPLY_TIMEOUT);
+                self.join_stderr();
                 panic!(
                     "coli serve closed stdout; got {:?}; stderr: {}",
                     String::from_utf8_lossy(&self.buf),
@@ -243,8 +268,16 @@ impl Server {
     pub fn finish(mut self) -> (ExitStatus, String) {
         self.stdin = None;
         let status = wait_bounded(&mut self.child, REPLY_TIMEOUT);
-        thread::sleep(Duration::from_millis(50));
+        self.join_stderr();
         (status, self.stderr())
+    }
+
+    /// Waits until stderr's reader has copied everything (the pipe closes
+    /// when the child and every process holding it have exited).
+    fn join_stderr(&mut self) {
+        if let Some(h) = self.stderr_reader.take() {
+            let _ = h.join();
+        }
     }
 
     /// SIGKILL, no goodbye.

@@ -16,13 +16,51 @@
 //! Every mutation writes record bytes, syncs them, and only then rewrites the
 //! count (and syncs again). Records past the count are garbage by definition
 //! and are overwritten by later appends.
+//!
+//! All I/O goes through [`KvStorage`] so that a recording layer can capture
+//! every write and sync the writer issues and replay the crash states POSIX
+//! allows (see [`super::crash`]). Real files are created 0600, whatever the
+//! umask: they hold the token ids of private conversations.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::error::KvError;
+
+/// What the state file needs from the storage under it: positioned reads and
+/// writes, resizing, and a durability barrier. Implemented by [`File`] and
+/// by the in-memory recorder that checks crash consistency.
+pub trait KvStorage: Send + std::fmt::Debug {
+    /// Current size in bytes.
+    fn size(&self) -> std::io::Result<u64>;
+    /// Fills `buf` from offset `at` (an error when the file is shorter).
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()>;
+    /// Writes all of `buf` at offset `at`, extending the file as needed.
+    fn write_all_at(&mut self, buf: &[u8], at: u64) -> std::io::Result<()>;
+    /// Cuts or extends (with zeros) the file to `len` bytes.
+    fn set_len(&mut self, len: u64) -> std::io::Result<()>;
+    /// Returns once every earlier write and resize is durable.
+    fn sync(&mut self) -> std::io::Result<()>;
+}
+
+impl KvStorage for File {
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+    fn read_exact_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, at)
+    }
+    fn write_all_at(&mut self, buf: &[u8], at: u64) -> std::io::Result<()> {
+        FileExt::write_all_at(self, buf, at)
+    }
+    fn set_len(&mut self, len: u64) -> std::io::Result<()> {
+        File::set_len(self, len)
+    }
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.sync_data()
+    }
+}
 
 /// File magic; the trailing NUL keeps it 8 bytes.
 pub const MAGIC: [u8; 8] = *b"COLIKVR\0";
@@ -126,7 +164,7 @@ impl KvRecords {
 /// An open state file positioned at its committed record count.
 #[derive(Debug)]
 pub struct KvFile {
-    file: File,
+    file: Box<dyn KvStorage>,
     path: PathBuf,
     layout: KvLayout,
     count: u64,
@@ -160,7 +198,41 @@ impl KvFile {
     ///
     /// A file of another model or format is reported as [`KvLoad::Mismatch`] and
     /// treated as empty; it is not modified until the first write.
+    ///
+    /// A new file is created 0600; an existing one is narrowed to 0600. A new
+    /// file's directory entry is synced so the file survives a crash.
     pub fn open(
+        path: &Path,
+        layout: KvLayout,
+        visit: &mut dyn FnMut(u32, &[u8]),
+    ) -> Result<(KvFile, KvLoad), KvError> {
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(io_err("opening", path))?;
+        // The mode above is filtered by the umask; this is not.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err("setting permissions of", path))?;
+        if !existed
+            && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && let Ok(d) = File::open(dir)
+        {
+            // Best effort: some filesystems refuse to sync a directory.
+            let _ = d.sync_all();
+        }
+        Self::open_storage(Box::new(file), path, layout, visit)
+    }
+
+    /// [`KvFile::open`] over any storage; `path` only names it in messages.
+    /// An empty storage is a new file (a crash right after creating it
+    /// leaves one): it gets a fresh header and loads as [`KvLoad::Missing`].
+    pub fn open_storage(
+        file: Box<dyn KvStorage>,
         path: &Path,
         layout: KvLayout,
         visit: &mut dyn FnMut(u32, &[u8]),
@@ -168,14 +240,7 @@ impl KvFile {
         if layout.payload_bytes > (u32::MAX as usize) {
             return Err(KvError::PayloadTooLarge(layout.payload_bytes));
         }
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(io_err("opening", path))?;
+        let empty = file.size().map_err(io_err("reading metadata of", path))? == 0;
         let mut kv = KvFile {
             file,
             path: path.to_path_buf(),
@@ -183,7 +248,7 @@ impl KvFile {
             count: 0,
             header_ok: false,
         };
-        if !existed {
+        if empty {
             kv.write_header()?;
             return Ok((kv, KvLoad::Missing));
         }
@@ -194,9 +259,8 @@ impl KvFile {
     fn read_back(&mut self, visit: &mut dyn FnMut(u32, &[u8])) -> Result<KvLoad, KvError> {
         let file_len = self
             .file
-            .metadata()
-            .map_err(io_err("reading metadata of", &self.path))?
-            .len();
+            .size()
+            .map_err(io_err("reading metadata of", &self.path))?;
         if file_len < HEADER_LEN {
             return Ok(KvLoad::Mismatch {
                 reason: format!("header truncated ({file_len} bytes)"),
@@ -235,17 +299,20 @@ impl KvFile {
         let declared = le_u64(&h[COUNT_OFFSET as usize..]);
         let present = (file_len - HEADER_LEN) / want_rs;
         let records = declared.min(present);
-        let mut reader = BufReader::with_capacity(1 << 20, &self.file);
-        let mut skip = [0u8; HEADER_LEN as usize];
-        reader
-            .read_exact(&mut skip)
-            .map_err(io_err("reading", &self.path))?;
-        let mut rec = vec![0u8; want_rs as usize];
-        for _ in 0..records {
-            reader
-                .read_exact(&mut rec)
+        // Read in chunks of whole records (about 1 MiB) rather than one by one.
+        let per_chunk = ((1u64 << 20) / want_rs).max(1);
+        let mut buf = Vec::new();
+        let mut done = 0u64;
+        while done < records {
+            let n = per_chunk.min(records - done);
+            buf.resize((n * want_rs) as usize, 0);
+            self.file
+                .read_exact_at(&mut buf, HEADER_LEN + done * want_rs)
                 .map_err(io_err("reading records of", &self.path))?;
-            visit(le_u32(&rec), &rec[4..]);
+            for rec in buf.chunks_exact(want_rs as usize) {
+                visit(le_u32(rec), &rec[4..]);
+            }
+            done += n;
         }
         self.count = records;
         Ok(KvLoad::Loaded { records, declared })
@@ -268,8 +335,8 @@ impl KvFile {
         Ok(())
     }
 
-    fn sync(&self) -> Result<(), KvError> {
-        self.file.sync_data().map_err(io_err("syncing", &self.path))
+    fn sync(&mut self) -> Result<(), KvError> {
+        self.file.sync().map_err(io_err("syncing", &self.path))
     }
 
     fn commit_count(&mut self, count: u64) -> Result<(), KvError> {
@@ -525,6 +592,31 @@ mod tests {
                 declared: 0
             }
         );
+    }
+
+    #[test]
+    fn files_are_private_whatever_the_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".coli_kv");
+        let (f, _, _) = reopen(&p, layout());
+        drop(f);
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // A file left world-readable by an older version is narrowed.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let _ = reopen(&p, layout());
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn an_empty_file_is_a_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".coli_kv");
+        std::fs::write(&p, b"").unwrap();
+        let (_, load, _) = reopen(&p, layout());
+        assert_eq!(load, KvLoad::Missing);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), HEADER_LEN);
     }
 
     #[test]

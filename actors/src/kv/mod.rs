@@ -10,11 +10,14 @@
 //! Crash safety comes from ordering alone: record bytes are written and synced
 //! before the record count in the header is rewritten, so a process killed at
 //! any instant leaves a file whose header count covers only complete records.
+//! [`crash`] checks this beyond kill -9: it records the writer's operations
+//! and replays every state a power loss could leave.
 //!
 //! Writes happen on a dedicated thread ([`KvActor`]) so the decode loop never
 //! waits for the disk; see [`KvHandle`] for the no-blocking, no-loss policy.
 
 mod actor;
+pub mod crash;
 mod error;
 mod file;
 mod message;
@@ -22,6 +25,7 @@ mod message;
 pub use actor::{DEFAULT_QUEUE_DEPTH, KvActor, KvHandle, KvSink};
 pub use error::KvError;
 pub use file::{
-    FORMAT_VERSION, HEADER_LEN, KV_FILE_NAME, KvFile, KvLayout, KvLoad, KvRecords, MAGIC, slot_path,
+    FORMAT_VERSION, HEADER_LEN, KV_FILE_NAME, KvFile, KvLayout, KvLoad, KvRecords, KvStorage, MAGIC,
+    slot_path,
 };
 pub use message::KvMsg;

@@ -1,4 +1,4 @@
-//! `--disk-sim SPEC`: the simulated disk's parameters (CONTRACTS.md section 1).
+//! `--disk-sim SPEC`: the simulated disk's parameters (documented in the repository's README.md).
 //!
 //! `bw=200MB/s,lat=2ms,jitter=1ms,spike=P:DUR,fail=P,short=P,seed=N`; every
 //! key optional, each at most once. Sizes take B/KB/MB/GB (powers of 1000) or

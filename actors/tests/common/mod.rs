@@ -302,6 +302,10 @@ pub struct ControlledStorage {
     pub short_next: AtomicU32,
     /// When set, each read first waits for a token.
     pub gate: Option<crossbeam_channel::Receiver<()>>,
+    /// Reads that have reached the storage (counted before the gate), so a
+    /// test can wait for "an I/O worker is running this read" as an event
+    /// instead of guessing how long the worker takes to pick it up.
+    pub entered: AtomicU32,
     /// Offsets read, in order.
     pub log: parking_lot::Mutex<Vec<(FileId, u64)>>,
 }
@@ -314,6 +318,7 @@ impl ControlledStorage {
             always_fail: AtomicBool::new(false),
             short_next: AtomicU32::new(0),
             gate,
+            entered: AtomicU32::new(0),
             log: parking_lot::Mutex::new(Vec::new()),
         }
     }
@@ -326,9 +331,11 @@ fn take_one(c: &AtomicU32) -> bool {
 
 impl Storage for ControlledStorage {
     fn read_at(&self, file: FileId, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.entered.fetch_add(1, Ordering::SeqCst);
         if let Some(g) = &self.gate {
-            g.recv_timeout(Duration::from_secs(20))
-                .map_err(|_| std::io::Error::other("gate never opened"))?;
+            // No deadline: the test's own guard (with_timeout) catches a
+            // hang, and a dropped gate (test over) releases the read.
+            g.recv().map_err(|_| std::io::Error::other("gate closed"))?;
         }
         self.log.lock().push((file, offset));
         if self.always_fail.load(Ordering::SeqCst) || take_one(&self.fail_next) {
