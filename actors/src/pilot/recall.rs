@@ -11,7 +11,7 @@
 //! as the pilot's accuracy with timing left out. Counting only the pairs that met would flatter the pilot
 //! exactly when it falls behind.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::tag::Tag;
 
@@ -29,14 +29,14 @@ struct Record {
 /// announce new steps.
 const MAX_RECORDS: usize = 4096;
 
-/// The first layer the pilot predicts: it is offered the residual after
-/// layer L-1's attention, so layer 0 never has a prediction and is left out.
-const FIRST_PREDICTED_LAYER: u32 = 1;
-
 /// Owned by the coordinator.
 #[derive(Default)]
 pub(crate) struct RecallTracker {
     records: BTreeMap<(u64, u64, u32), Record>,
+    /// Layers that have received a prediction at least once. Routings of
+    /// other layers are not counted: the model never offers the pilot a
+    /// residual for them (OLMoE's layer 0, which has no layer before it).
+    predicted_layers: BTreeSet<u32>,
     /// Routed experts that had been predicted in time.
     pub hits: u64,
     /// Routed experts on predicted layers (recall denominator).
@@ -61,6 +61,7 @@ fn key(tag: Tag) -> (u64, u64, u32) {
 
 impl RecallTracker {
     pub fn predicted(&mut self, tag: Tag, experts: &[u32]) {
+        self.predicted_layers.insert(tag.layer);
         let r = self.records.entry(key(tag)).or_default();
         if r.predicted.is_some() {
             return;
@@ -75,7 +76,7 @@ impl RecallTracker {
     }
 
     pub fn routed(&mut self, tag: Tag, experts: &[u32]) {
-        if tag.layer < FIRST_PREDICTED_LAYER {
+        if !self.predicted_layers.contains(&tag.layer) {
             return;
         }
         let mut v = experts.to_vec();
@@ -120,6 +121,10 @@ mod tests {
     #[test]
     fn timely_late_and_missing_predictions() {
         let mut r = RecallTracker::default();
+        // Layers 3..=5 have been predicted before (an earlier step).
+        for l in 3..=5 {
+            r.predicted(Tag::new(1, 1, l), &[]);
+        }
         let t = Tag::new(1, 2, 3);
         r.predicted(t, &[1, 2, 3, 4]);
         r.routed(t, &[2, 4, 9, 9]);
@@ -134,7 +139,7 @@ mod tests {
         // A routing whose prediction never comes (dropped): a miss.
         r.routed(t.at_layer(5), &[1, 7]);
         assert_eq!((r.hits, r.routed, r.unpredicted), (2, 6, 2));
-        // Layer 0 is never predicted and never counted.
+        // A layer never predicted (OLMoE's layer 0) is not counted.
         r.routed(t.at_layer(0), &[1]);
         assert_eq!(r.routed, 6);
         // A second fetch of a settled layer counts nothing.
