@@ -122,3 +122,89 @@ fn disk_probe_reads_the_expert_extents() {
         "stops after max_bytes: {some:?}"
     );
 }
+
+#[test]
+fn replay_forces_tokens_and_accounts_bytes_and_pilot() {
+    use colibri::synth::replay_pass;
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = SynthSpec::tiny();
+    let dir = tmp.path().join("m");
+    synth(&spec, &dir, false).unwrap();
+    // A small cache, so experts are read and evicted during the window.
+    let opts = EngineOptions {
+        cache_cap: Some(1),
+        ..EngineOptions::default()
+    };
+    let prompt = synthetic_prompt(spec.vocab, 3, 2);
+    let forced = synthetic_prompt(spec.vocab, 8, 3);
+    let run = |opts: &EngineOptions| {
+        let mut engine = Engine::load(&dir, opts).unwrap();
+        let mut session = engine.new_session();
+        replay_pass(&mut engine, &mut session, &prompt, &forced, 2, 6).unwrap()
+    };
+    let r = run(&opts);
+    assert_eq!(r.tokens.len(), 8);
+    assert_eq!(r.tokens, run(&opts).tokens, "forced replay is deterministic");
+    // Every fetch of the window has returned, so its routings are all
+    // counted (predictions may still arrive late: only those counters move).
+    let p = r.profile.expect("the pipeline reports a profile");
+    assert!(p.pilot_hits <= p.pilot_routed && p.pilot_hits <= p.pilot_predicted);
+    // Layers 1.. are predicted; layer 0 never is.
+    assert_eq!(p.pilot_routed as usize, 6 * (spec.layers - 1) * spec.top_k);
+
+    // Without the pilot every read is a demand read, done when its fetch
+    // returns: the byte split is exact.
+    let plain = run(&EngineOptions {
+        pilot: false,
+        ..opts.clone()
+    });
+    assert_eq!(plain.tokens, r.tokens, "the pilot never changes tokens");
+    let q = plain.profile.unwrap();
+    assert!(q.bytes_read > 0);
+    assert_eq!((q.demand_bytes, q.prefetch_bytes), (q.bytes_read, 0));
+    assert_eq!(q.needed_bytes(), q.bytes_read);
+    assert_eq!((q.pilot_routed, q.prefetch_wasted_bytes), (0, 0));
+
+    // Too few forced tokens is an error, not a short window.
+    let mut engine = Engine::load(&dir, &opts).unwrap();
+    let mut session = engine.new_session();
+    assert!(replay_pass(&mut engine, &mut session, &prompt, &forced, 4, 6).is_err());
+}
+
+#[test]
+fn coli_bench_replays_an_id_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = SynthSpec::tiny();
+    let dir = tmp.path().join("m");
+    synth(&spec, &dir, false).unwrap();
+    let ids: Vec<String> = synthetic_prompt(spec.vocab, 12, 5)
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let file = tmp.path().join("ids.txt");
+    std::fs::write(&file, ids.join(", ")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(["bench", "--model"])
+        .arg(&dir)
+        .arg("--replay")
+        .arg(&file)
+        .args(["--prompt-len", "4", "--warmup", "2", "--tokens", "6", "--probe-mb", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("forced from --replay"), "{stdout}");
+    assert!(stdout.contains("memory budget"), "{stdout}");
+    assert!(stdout.contains("deterministic: tokens identical across 2 passes"), "{stdout}");
+    // An id outside the vocabulary is refused.
+    std::fs::write(&file, format!("{} 1 2 3 4 5 6 7 8 9 10 11", spec.vocab)).unwrap();
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(["bench", "--model"])
+        .arg(&dir)
+        .arg("--replay")
+        .arg(&file)
+        .args(["--prompt-len", "4", "--warmup", "2", "--tokens", "6"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+}

@@ -17,9 +17,13 @@ use colibri_actors::StorageOptions;
 use super::{EngineArgs, ModelArg};
 use crate::config::OlmoeConfig;
 use crate::engine::{Engine, EngineOptions};
+use crate::engine::{MemoryPlan, peak_rss_bytes};
 use crate::model::olmoe::{LoadOptions, expert_map};
 use crate::st::Checkpoint;
-use crate::synth::{PassResult, decode_pass, read_bandwidth, sim_bandwidth, synthetic_prompt};
+use crate::synth::{
+    PassResult, decode_pass, parse_replay_ids, read_bandwidth, replay_pass, sim_bandwidth, synthetic_prompt,
+};
+use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -46,6 +50,16 @@ pub struct BenchArgs {
     /// MB of expert extents the disk-bandwidth probe reads.
     #[arg(long, default_value_t = 1024)]
     pub probe_mb: u64,
+    /// Force this token sequence instead of greedy decoding: the first
+    /// `--prompt-len` tokens are the prompt, the next `--warmup + --tokens`
+    /// are fed one at a time. FILE holds token ids (separated by whitespace
+    /// and/or commas) or, when it is not such a list, text that the model's
+    /// tokenizer encodes.
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt_ids")]
+    pub replay: Option<std::path::PathBuf>,
+    /// The prompt as comma-separated ids (instead of seeded random ids).
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -54,12 +68,22 @@ struct Pass {
     name: &'static str,
     result: PassResult,
     load_secs: f64,
+    memory: MemoryPlan,
+    /// Peak RSS of the process when the pass ended (passes run in turn, so
+    /// the first pass's figure is its own).
+    peak_rss: Option<u64>,
+}
+
+/// What each pass decodes: a prompt, then greedy or forced tokens.
+struct Workload {
+    prompt: Vec<u32>,
+    forced: Option<Vec<u32>>,
 }
 
 fn run_pass(
     dir: &Path,
     opts: &EngineOptions,
-    prompt: &[u32],
+    work: &Workload,
     args: &BenchArgs,
     name: &'static str,
     warm_first: bool,
@@ -69,17 +93,71 @@ fn run_pass(
     let mut engine = Engine::load(dir, opts).with_context(|| format!("loading {}", dir.display()))?;
     let load_secs = t0.elapsed().as_secs_f64();
     let mut session = engine.new_session();
+    let mut pass = |engine: &mut Engine| match &work.forced {
+        Some(f) => replay_pass(engine, &mut session, &work.prompt, f, args.warmup, args.tokens),
+        None => decode_pass(engine, &mut session, &work.prompt, args.warmup, args.tokens),
+    };
     if warm_first {
         // The same sequence once more: every expert the measured pass routes
         // to has then been fetched once and (cap = all) stays resident.
-        decode_pass(&mut engine, &mut session, prompt, args.warmup, args.tokens)?;
+        pass(&mut engine)?;
     }
-    let result = decode_pass(&mut engine, &mut session, prompt, args.warmup, args.tokens)?;
+    let result = pass(&mut engine)?;
     Ok(Pass {
         name,
         result,
         load_secs,
+        memory: engine.memory.clone(),
+        peak_rss: peak_rss_bytes(),
     })
+}
+
+/// The prompt and forced tokens of the run (see `--replay`, `--prompt-ids`).
+fn workload(dir: &Path, cfg: &OlmoeConfig, args: &BenchArgs) -> anyhow::Result<Workload> {
+    let check = |ids: &[u32], what: &str| match ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        Some(t) => anyhow::bail!(
+            "{what}: token id {t} is outside the vocabulary ({})",
+            cfg.vocab_size
+        ),
+        None => Ok(()),
+    };
+    if let Some(path) = &args.replay {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading --replay {}", path.display()))?;
+        let ids = match parse_replay_ids(&text) {
+            Some(ids) => ids,
+            None => Tokenizer::load(dir)
+                .with_context(|| format!("--replay {} is text: the model needs a tokenizer", path.display()))?
+                .encode(&text)
+                .with_context(|| format!("tokenizing --replay {}", path.display()))?,
+        };
+        check(&ids, "--replay")?;
+        let need = args.prompt_len + args.warmup + args.tokens;
+        if ids.len() < need {
+            anyhow::bail!(
+                "--replay {}: {} tokens, need {need} (--prompt-len {} + --warmup {} + --tokens {})",
+                path.display(),
+                ids.len(),
+                args.prompt_len,
+                args.warmup,
+                args.tokens
+            );
+        }
+        let (prompt, rest) = ids.split_at(args.prompt_len);
+        return Ok(Workload {
+            prompt: prompt.to_vec(),
+            forced: Some(rest.to_vec()),
+        });
+    }
+    let prompt = match &args.prompt_ids {
+        Some(s) => super::parse_ids(s).context("--prompt-ids")?,
+        None => synthetic_prompt(cfg.vocab_size, args.prompt_len, args.prompt_seed),
+    };
+    if prompt.is_empty() {
+        anyhow::bail!("--prompt-ids: empty prompt");
+    }
+    check(&prompt, "--prompt-ids")?;
+    Ok(Workload { prompt, forced: None })
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -89,15 +167,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let dir = args.model.resolve()?;
     let cfg = OlmoeConfig::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
     let opts = args.engine.options();
-    let prompt = synthetic_prompt(cfg.vocab_size, args.prompt_len, args.prompt_seed);
+    let work = workload(&dir, &cfg, &args)?;
+    let prompt = &work;
 
-    let mut passes = vec![run_pass(&dir, &opts, &prompt, &args, "measured", false)?];
+    let mut passes = vec![run_pass(&dir, &opts, prompt, &args, "measured", false)?];
     if args.compare_no_overlap {
         let strict = EngineOptions {
             overlap: false,
             ..opts.clone()
         };
-        passes.push(run_pass(&dir, &strict, &prompt, &args, "no-overlap", false)?);
+        passes.push(run_pass(&dir, &strict, prompt, &args, "no-overlap", false)?);
     }
     if !args.no_compute_bound {
         let resident = EngineOptions {
@@ -106,7 +185,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
             disk_sim: None,
             ..opts.clone()
         };
-        passes.push(run_pass(&dir, &resident, &prompt, &args, "all resident", true)?);
+        passes.push(run_pass(&dir, &resident, prompt, &args, "all resident", true)?);
     }
 
     // The disk: simulated bandwidth, or a sequential read of the model's own
@@ -144,7 +223,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         }
     };
 
-    print_report(&dir, &cfg, &opts, &args, &passes, disk_bw, &disk_how);
+    print_report(&dir, &cfg, &opts, &args, &work, &passes, disk_bw, &disk_how);
 
     let first = &passes[0].result.tokens;
     let same = passes.iter().all(|p| &p.result.tokens == first);
@@ -159,11 +238,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     Ok(same)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn print_report(
     dir: &Path,
     cfg: &OlmoeConfig,
     opts: &EngineOptions,
     args: &BenchArgs,
+    work: &Workload,
     passes: &[Pass],
     disk_bw: f64,
     disk_how: &str,
@@ -188,37 +269,61 @@ fn print_report(
         opts.overlap
     );
     println!(
-        "prompt {} tok, warm-up {} tok, measured {} tok",
-        args.prompt_len, args.warmup, args.tokens
+        "prompt {} tok, warm-up {} tok, measured {} tok, {}",
+        work.prompt.len(),
+        args.warmup,
+        args.tokens,
+        match &args.replay {
+            Some(p) => format!("forced from --replay {}", p.display()),
+            None => "greedy".into(),
+        }
     );
     println!();
     println!(
-        "{:<14} {:>9} {:>9} {:>14} {:>10} {:>9}",
-        "pass", "tok/s", "hit rate", "missed MB/tok", "prefill s", "load s"
+        "{:<14} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>9}",
+        "pass",
+        "tok/s",
+        "hit rate",
+        "read MB/t",
+        "need MB/t",
+        "waste MB/t",
+        "recall",
+        "precision",
+        "prefill s",
+        "load s"
     );
+    let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.1}%", v * 100.0));
     for p in passes {
         let r = &p.result;
+        let prof = r.profile.as_ref();
         println!(
-            "{:<14} {:>9.3} {:>8.1}% {:>14.2} {:>10.2} {:>9.2}",
+            "{:<14} {:>9.3} {:>8.1}% {:>10.2} {:>10.2} {:>10.2} {:>8} {:>9} {:>10.2} {:>9.2}",
             p.name,
             r.tok_per_s(),
             r.window.hit_rate() * 100.0,
             mb(r.missed_bytes_per_token()),
+            mb(r.needed_bytes_per_token()),
+            mb(r.wasted_bytes_per_token()),
+            pct(prof.and_then(|p| p.pilot_recall())),
+            pct(prof.and_then(|p| p.pilot_precision())),
             r.prefill_secs,
             p.load_secs
         );
     }
     println!();
     let measured = &passes[0].result;
-    let missed = measured.missed_bytes_per_token();
-    let io_bound = if missed > 0.0 {
-        disk_bw / missed
+    let needed = measured.needed_bytes_per_token();
+    let io_bound = if needed > 0.0 {
+        disk_bw / needed
     } else {
         f64::INFINITY
     };
     let compute = passes.iter().find(|p| p.name == "all resident");
     println!("disk bandwidth      {:>10.1} MB/s  {disk_how}", mb(disk_bw));
-    println!("I/O bound           {io_bound:>10.3} tok/s  (disk bandwidth / missed bytes per token)");
+    println!(
+        "I/O bound           {io_bound:>10.3} tok/s  (disk bandwidth / needed bytes per token: demand reads + prefetches used; wasted prefetch {:.2} MB/tok not counted)",
+        mb(measured.wasted_bytes_per_token())
+    );
     let mut bound = io_bound;
     if let Some(c) = compute {
         let cb = c.result.tok_per_s();
@@ -248,7 +353,27 @@ fn print_report(
             );
         }
     }
-    if let Some(recall) = measured.window.pilot_recall() {
-        println!("pilot recall        {:>10.1}%", recall * 100.0);
+    if let Some(p) = &measured.profile
+        && p.pilot_routed > 0
+    {
+        println!(
+            "pilot               recall {} precision {}; recall of the predictions that arrived, late ones too: {}  ({} routings unpredicted, {} predictions late, {} residuals dropped, {} stale; dropped, stale and late count as misses)",
+            pct(p.pilot_recall()),
+            pct(p.pilot_precision()),
+            pct(p.pilot_recall_untimed()),
+            p.pilot_unpredicted,
+            p.pilot_late,
+            p.pilot_dropped,
+            p.pilot_stale
+        );
+    }
+    let first = &passes[0];
+    println!("{}", first.memory);
+    if let (Some(rss), Some(total)) = (first.peak_rss, first.memory.engine_total()) {
+        println!(
+            "peak RSS            {:>10.2} GiB = {:.3} x the budget (after the measured pass)",
+            rss as f64 / (1u64 << 30) as f64,
+            rss as f64 / total as f64
+        );
     }
 }

@@ -195,6 +195,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         && let (Some(b), Some(a)) = (before, engine.profile())
     {
         eprint!("{}", crate::engine::profile::report(&stats, &b, &a));
+        eprint!(
+            "{}",
+            crate::engine::profile::memory_report(&engine.memory, crate::engine::peak_rss_bytes())
+        );
     }
     if let Some(spec) = &session.spec {
         eprintln!("{}", draft_report(spec, &engine));

@@ -17,7 +17,7 @@ pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use colibri_actors::cache::default_ram_budget;
+use colibri_actors::cache::{default_ram_budget, memory_headroom};
 use colibri_actors::{
     ExpertMap, ExpertSource, MappedSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor,
     SimSpec, SourceStats, Tag,
@@ -66,6 +66,52 @@ pub struct MemoryNeeds {
 /// Activations, scratch buffers and I/O buffers in flight.
 const WORKING_SET_BYTES: u64 = 256 << 20;
 
+/// How the engine's memory was budgeted: printed by `--profile` and
+/// `coli bench`, so a run's peak RSS can be held against what it planned.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryPlan {
+    pub needs: MemoryNeeds,
+    /// The expert cache's byte budget (`None`: unlimited).
+    pub cache_budget: Option<u64>,
+    /// Where the total came from (`--ram-gb`, a cgroup limit, MemAvailable).
+    pub source: String,
+}
+
+impl MemoryPlan {
+    /// Everything the engine planned to hold: dense weights, KV cache at
+    /// full context, working set and the expert cache.
+    pub fn engine_total(&self) -> Option<u64> {
+        Some(self.cache_budget? + self.needs.dense_bytes + self.needs.kv_bytes + WORKING_SET_BYTES)
+    }
+}
+
+impl std::fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = |b: u64| b as f64 / (1u64 << 30) as f64;
+        match (self.engine_total(), self.cache_budget) {
+            (Some(t), Some(c)) => write!(
+                f,
+                "memory budget {:.2} GiB (dense {:.2} + KV {:.2} + working set {:.2} + expert cache {:.2}) from {}",
+                g(t),
+                g(self.needs.dense_bytes),
+                g(self.needs.kv_bytes),
+                g(WORKING_SET_BYTES),
+                g(c),
+                self.source
+            ),
+            _ => write!(f, "memory budget: unlimited ({})", self.source),
+        }
+    }
+}
+
+/// Peak resident set size of this process (`VmHWM`), where readable.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = t.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 impl SourceFactory<'_> {
     /// The pipelined source configured from the engine options. The cache
     /// budget is `--ram-gb` minus everything else the engine holds, or by
@@ -79,7 +125,7 @@ impl SourceFactory<'_> {
         predictor: Option<Arc<dyn Predictor>>,
         top_k: usize,
         needs: MemoryNeeds,
-    ) -> Result<Arc<dyn ExpertSource<ExpertWeights>>, EngineError> {
+    ) -> Result<(Arc<dyn ExpertSource<ExpertWeights>>, MemoryPlan), EngineError> {
         let o = self.opts;
         let disk_sim = match &o.disk_sim {
             Some(spec) => Some(
@@ -88,6 +134,7 @@ impl SourceFactory<'_> {
             ),
             None => None,
         };
+        let mut source = String::from("--ram-gb");
         let ram_budget_bytes = match o.ram_gb {
             Some(g) if !(g.is_finite() && g > 0.0) => {
                 return Err(EngineError::Option(format!(
@@ -105,14 +152,30 @@ impl SourceFactory<'_> {
                 }
                 Some(budget)
             }
-            None => default_ram_budget(None, needs.kv_bytes + WORKING_SET_BYTES),
+            None => match memory_headroom() {
+                // 90% of the headroom left after the dense weights loaded
+                // (a cgroup's usage and MemAvailable already count them).
+                Some(h) => {
+                    source = format!("90% of {h}");
+                    Some((h.bytes / 10 * 9).saturating_sub(needs.kv_bytes + WORKING_SET_BYTES))
+                }
+                None => {
+                    source = "no readable memory limit".into();
+                    None
+                }
+            },
+        };
+        let plan = MemoryPlan {
+            needs,
+            cache_budget: ram_budget_bytes,
+            source,
         };
         let placement = self.placement(&map, ram_budget_bytes);
         tracing::info!(?placement, budget = ?ram_budget_bytes, "expert placement");
         if placement == Placement::Mapped {
             let source =
                 MappedSource::open(map, Box::new(codec), ram_budget_bytes, true).map_err(ModelError::from)?;
-            return Ok(Arc::new(source));
+            return Ok((Arc::new(source), plan));
         }
         let config = PipelineConfig {
             io_workers: o.io_workers.max(1),
@@ -129,7 +192,7 @@ impl SourceFactory<'_> {
         };
         let source =
             PipelineSource::open(map, Box::new(codec), predictor, config).map_err(ModelError::from)?;
-        Ok(Arc::new(source))
+        Ok((Arc::new(source), plan))
     }
 }
 
@@ -157,7 +220,9 @@ impl SourceFactory<'_> {
 }
 
 /// Loads the model family named by config.json's model_type.
-fn load_family(dir: &Path, opts: &EngineOptions) -> Result<(Box<dyn LanguageModel>, Vec<u32>), EngineError> {
+type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan);
+
+fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> {
     let (path, json) = read_json(dir).map_err(ModelError::from)?;
     let model_type = json
         .get("model_type")
@@ -188,9 +253,10 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<(Box<dyn LanguageMode
                     * cfg.max_position_embeddings as u64
                     * opts.kv_slots.max(1) as u64,
             };
-            let source = factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
+            let (source, plan) =
+                factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
             let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((Box::new(Olmoe::new(cfg, dense, source)), stops))
+            Ok((Box::new(Olmoe::new(cfg, dense, source)), stops, plan))
         }
         "glm_moe_dsa" | "deepseek_v3" => {
             let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
@@ -212,9 +278,10 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<(Box<dyn LanguageMode
                     * cfg.max_position_embeddings as u64
                     * opts.kv_slots.max(1) as u64,
             };
-            let source = factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
+            let (source, plan) =
+                factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
             let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((Box::new(Glm::new(cfg, dense, source, mtp.err())), stops))
+            Ok((Box::new(Glm::new(cfg, dense, source, mtp.err())), stops, plan))
         }
         other => Err(ModelError::from(ConfigError::ModelType {
             path,
@@ -233,6 +300,8 @@ pub struct Engine {
     /// Identifies this model as loaded (shape, weights, formats): names the
     /// default state directory and guards state files ([`state`]).
     state_fingerprint: u64,
+    /// How memory was budgeted at load.
+    pub memory: MemoryPlan,
     /// The engine-wide token-step clock. Every forward pass of every
     /// session gets a newer tag than all before it, because the expert
     /// source treats older tags as stale work to drop.
@@ -244,7 +313,7 @@ impl Engine {
     /// Loads `dir` with `opts`. A missing tokenizer is not an error here
     /// (validation runs on ids); text front ends ask for it explicitly.
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<Self, EngineError> {
-        let (model, stop_ids) = load_family(dir, opts)?;
+        let (model, stop_ids, memory) = load_family(dir, opts)?;
         let state_fingerprint = state::model_fingerprint(dir, opts, model.fingerprint())?;
         let tokenizer = match Tokenizer::load(dir) {
             Ok(t) => Some(t),
@@ -257,6 +326,7 @@ impl Engine {
             tokenizer,
             stop_ids,
             state_fingerprint,
+            memory,
             generation: 0,
             step: 0,
         })

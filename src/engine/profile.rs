@@ -22,11 +22,9 @@ pub fn report(stats: &GenStats, before: &PipelineProfile, after: &PipelineProfil
     } else {
         0.0
     };
-    let recall = if p.pilot_routed > 0 {
-        format!("{:.1}%", 100.0 * p.pilot_hits as f64 / p.pilot_routed as f64)
-    } else {
-        "n/a".to_string()
-    };
+    let pct_or_na = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.1}%", 100.0 * v));
+    let recall = pct_or_na(p.pilot_recall());
+    let precision = pct_or_na(p.pilot_precision());
     let mut out = String::new();
     out.push_str(&format!(
         "profile: {:.3}s total (prefill {:.3}s, decode {:.3}s, {} tokens)\n",
@@ -60,15 +58,27 @@ pub fn report(stats: &GenStats, before: &PipelineProfile, after: &PipelineProfil
         pct(other)
     ));
     out.push_str(&format!(
-        "  experts: hit rate {hit:.1}% ({} hits, {} misses), pilot recall {recall}, {} prefetch loads\n",
+        "  experts: hit rate {hit:.1}% ({} hits, {} misses), {} prefetch loads\n",
         p.hits, p.misses, p.prefetch_loads
     ));
     out.push_str(&format!(
-        "  disk: {:.1} MB read in {} reads via {}, {:.2} MB missed per token\n",
-        p.bytes_read as f64 / 1e6,
+        "  pilot: recall {recall}, precision {precision}, recall of the predictions that arrived (late too) {} ({} routings unpredicted, {} predictions late, {} residuals dropped, {} stale)\n",
+        pct_or_na(p.pilot_recall_untimed()),
+        p.pilot_unpredicted,
+        p.pilot_late,
+        p.pilot_dropped,
+        p.pilot_stale
+    ));
+    let mb = |b: u64| b as f64 / 1e6;
+    out.push_str(&format!(
+        "  disk: {:.1} MB read in {} reads via {}; per token {:.2} MB needed (demand {:.2} + used prefetch {:.2}), {:.2} MB prefetched unused\n",
+        mb(p.bytes_read),
         p.reads,
         p.storage,
-        p.bytes_read as f64 / 1e6 / tokens
+        mb(p.needed_bytes()) / tokens,
+        mb(p.demand_bytes) / tokens,
+        mb(p.prefetch_used_bytes) / tokens,
+        mb(p.prefetch_wasted_bytes) / tokens
     ));
     if after.placement == "mapped" {
         out.push_str(&match after.readahead_ns {
@@ -84,6 +94,22 @@ pub fn report(stats: &GenStats, before: &PipelineProfile, after: &PipelineProfil
             "  read buffers: {} allocated, {} reused from evicted experts\n",
             p.buffers_allocated, p.buffers_reused
         ));
+    }
+    out
+}
+
+/// The memory lines of `--profile`: the plan and the peak RSS against it.
+pub fn memory_report(plan: &super::MemoryPlan, peak_rss: Option<u64>) -> String {
+    let mut out = format!("  {plan}\n");
+    if let Some(rss) = peak_rss {
+        let g = rss as f64 / (1u64 << 30) as f64;
+        match plan.engine_total() {
+            Some(t) if t > 0 => out.push_str(&format!(
+                "  peak RSS {g:.2} GiB = {:.3} x the budget\n",
+                rss as f64 / t as f64
+            )),
+            _ => out.push_str(&format!("  peak RSS {g:.2} GiB\n")),
+        }
     }
     out
 }

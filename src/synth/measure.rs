@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use colibri_actors::SourceStats;
+use colibri_actors::{PipelineProfile, SourceStats};
 
 use super::WyRand;
 use crate::engine::{Engine, EngineError, Session};
@@ -20,6 +20,9 @@ pub struct PassResult {
     pub decode_secs: f64,
     /// Source counters over the measured window only.
     pub window: SourceStats,
+    /// Pipeline counters over the measured window (demand and prefetch
+    /// bytes, pilot precision); `None` for sources without them.
+    pub profile: Option<PipelineProfile>,
 }
 
 impl PassResult {
@@ -32,12 +35,43 @@ impl PassResult {
     }
 
     pub fn missed_bytes_per_token(&self) -> f64 {
+        self.per_token(self.window.bytes_read)
+    }
+
+    fn per_token(&self, bytes: u64) -> f64 {
         if self.measured == 0 {
             0.0
         } else {
-            self.window.bytes_read as f64 / self.measured as f64
+            bytes as f64 / self.measured as f64
         }
     }
+
+    /// Bytes per token read for experts compute used (demand reads and
+    /// prefetches that were then delivered): what the I/O bound divides
+    /// by. All bytes read when the source has no breakdown.
+    pub fn needed_bytes_per_token(&self) -> f64 {
+        match &self.profile {
+            Some(p) => self.per_token(p.needed_bytes()),
+            None => self.missed_bytes_per_token(),
+        }
+    }
+
+    /// Prefetched bytes per token evicted or discarded before any use.
+    pub fn wasted_bytes_per_token(&self) -> f64 {
+        self.profile
+            .as_ref()
+            .map_or(0.0, |p| self.per_token(p.prefetch_wasted_bytes))
+    }
+}
+
+/// Token ids from a replay file: integers separated by whitespace and/or
+/// commas. `None` when the text is not such a list (it is then prose for
+/// the tokenizer); an empty list is `Some(vec![])`.
+pub fn parse_replay_ids(text: &str) -> Option<Vec<u32>> {
+    text.split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse::<u32>().ok())
+        .collect()
 }
 
 /// Counter differences `after - before`.
@@ -74,31 +108,71 @@ pub fn decode_pass(
     warmup: usize,
     tokens: usize,
 ) -> Result<PassResult, EngineError> {
+    timed_pass(engine, session, prompt, None, warmup, tokens)
+}
+
+/// Like [`decode_pass`], but the `warmup + tokens` decode steps feed the
+/// given `forced` ids one at a time instead of the greedy choice (teacher
+/// forcing), so routing follows real text rather than the loop a random
+/// model falls into. `tokens` of the result are still the greedy choices at
+/// each step (what the determinism check compares). `forced` must hold at
+/// least `warmup + tokens` ids.
+pub fn replay_pass(
+    engine: &mut Engine,
+    session: &mut Session,
+    prompt: &[u32],
+    forced: &[u32],
+    warmup: usize,
+    tokens: usize,
+) -> Result<PassResult, EngineError> {
+    if forced.len() < warmup + tokens {
+        return Err(EngineError::Option(format!(
+            "replay: {} forced tokens, need {} (warm-up {warmup} + measured {tokens})",
+            forced.len(),
+            warmup + tokens
+        )));
+    }
+    timed_pass(engine, session, prompt, Some(forced), warmup, tokens)
+}
+
+fn timed_pass(
+    engine: &mut Engine,
+    session: &mut Session,
+    prompt: &[u32],
+    forced: Option<&[u32]>,
+    warmup: usize,
+    tokens: usize,
+) -> Result<PassResult, EngineError> {
     session.reset();
     let mut sampler = Sampler::new(SamplingParams::default());
     let t0 = Instant::now();
     let mut logits = session.feed(engine, prompt)?;
     let prefill_secs = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(warmup + tokens);
-    for _ in 0..warmup {
+    let mut before = (engine.stats(), engine.profile());
+    let mut t1 = Instant::now();
+    for i in 0..warmup + tokens {
+        if i == warmup {
+            before = (engine.stats(), engine.profile());
+            t1 = Instant::now();
+        }
         let id = sampler.sample(&logits);
         out.push(id);
-        logits = session.feed(engine, &[id])?;
-    }
-    let before = engine.stats();
-    let t1 = Instant::now();
-    for _ in 0..tokens {
-        let id = sampler.sample(&logits);
-        out.push(id);
-        logits = session.feed(engine, &[id])?;
+        let feed = forced.and_then(|f| f.get(i).copied()).unwrap_or(id);
+        logits = session.feed(engine, &[feed])?;
     }
     let decode_secs = t1.elapsed().as_secs_f64();
+    let profile = match (before.1, engine.profile()) {
+        (Some(b), Some(a)) => Some(a.since(&b)),
+        _ => None,
+    };
     Ok(PassResult {
         tokens: out,
         measured: tokens,
         prefill_secs,
         decode_secs,
-        window: stats_delta(before, engine.stats()),
+        window: stats_delta(before.0, engine.stats()),
+        profile,
     })
 }
 
@@ -112,6 +186,15 @@ mod tests {
         assert_eq!(a, synthetic_prompt(100, 50, 3));
         assert_ne!(a, synthetic_prompt(100, 50, 4));
         assert!(a.iter().all(|&t| t < 100));
+    }
+
+    #[test]
+    fn replay_ids_or_text() {
+        assert_eq!(parse_replay_ids("1, 2,3\n 4\t5,"), Some(vec![1, 2, 3, 4, 5]));
+        assert_eq!(parse_replay_ids("  \n"), Some(vec![]));
+        assert_eq!(parse_replay_ids("The river runs 2 miles"), None);
+        assert_eq!(parse_replay_ids("1 -2"), None);
+        assert_eq!(parse_replay_ids("99999999999"), None);
     }
 
     #[test]

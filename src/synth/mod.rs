@@ -13,7 +13,7 @@ mod rng;
 mod spec;
 
 pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
-pub use measure::{PassResult, decode_pass, stats_delta, synthetic_prompt};
+pub use measure::{PassResult, decode_pass, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
 pub use spec::{SpecError, SynthSpec};
 

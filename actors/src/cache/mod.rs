@@ -14,7 +14,10 @@ mod budget;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-pub use budget::{default_ram_budget, mem_available_bytes};
+pub use budget::{
+    MemoryHeadroom, MemorySource, default_ram_budget, mem_available_bytes, memory_headroom,
+    memory_headroom_at,
+};
 
 use crate::expert::ExpertKey;
 
@@ -23,6 +26,9 @@ struct Entry<T> {
     bytes: u64,
     tick: u64,
     pinned: bool,
+    /// Bytes a prefetch read for this entry that no fetch has used yet:
+    /// counted as used on the first delivery, as wasted if evicted first.
+    unused_read: u64,
 }
 
 /// Limits of an [`ExpertCache`].
@@ -51,6 +57,10 @@ pub struct ExpertCache<T> {
     bytes: u64,
     pinned_bytes: u64,
     counters: LayerCounters,
+    /// Prefetched bytes later delivered to compute, and prefetched bytes
+    /// evicted or discarded before any use (monotonic totals).
+    prefetch_used: u64,
+    prefetch_wasted: u64,
 }
 
 impl<T> ExpertCache<T> {
@@ -66,6 +76,8 @@ impl<T> ExpertCache<T> {
                 hits: vec![0; layers],
                 misses: vec![0; layers],
             },
+            prefetch_used: 0,
+            prefetch_wasted: 0,
         }
     }
 
@@ -97,13 +109,44 @@ impl<T> ExpertCache<T> {
         true
     }
 
-    /// The resident expert (touching it), without counting.
+    /// The resident expert (touching it) for delivery to compute, without
+    /// counting a hit or miss; a prefetched entry's read becomes used.
     pub fn peek(&mut self, key: ExpertKey) -> Option<Arc<T>> {
-        if self.touch(key) {
-            self.entries.get(&key).map(|e| e.value.clone())
-        } else {
-            None
+        if !self.touch(key) {
+            return None;
         }
+        let e = self.entries.get_mut(&key)?;
+        self.prefetch_used += std::mem::take(&mut e.unused_read);
+        Some(e.value.clone())
+    }
+
+    /// Records that the resident `key` was loaded by a prefetch that read
+    /// `read_bytes` and that nobody has used yet.
+    pub fn mark_prefetched(&mut self, key: ExpertKey, read_bytes: u64) {
+        if let Some(e) = self.entries.get_mut(&key) {
+            e.unused_read = read_bytes;
+        }
+    }
+
+    /// Counts prefetched bytes used straight from the load (a fetch was
+    /// already waiting for it).
+    pub fn count_prefetch_used(&mut self, bytes: u64) {
+        self.prefetch_used += bytes;
+    }
+
+    /// Counts prefetched bytes discarded without being cached or used.
+    pub fn count_prefetch_wasted(&mut self, bytes: u64) {
+        self.prefetch_wasted += bytes;
+    }
+
+    /// Prefetched bytes that were delivered to compute (total so far).
+    pub fn prefetch_used_bytes(&self) -> u64 {
+        self.prefetch_used
+    }
+
+    /// Prefetched bytes evicted or discarded before any use (total so far).
+    pub fn prefetch_wasted_bytes(&self) -> u64 {
+        self.prefetch_wasted
     }
 
     /// A lookup by compute: counts a hit or a miss for the layer.
@@ -128,6 +171,7 @@ impl<T> ExpertCache<T> {
     fn remove(&mut self, key: ExpertKey) -> Option<Entry<T>> {
         let e = self.entries.remove(&key)?;
         self.bytes -= e.bytes;
+        self.prefetch_wasted += e.unused_read;
         if e.pinned {
             self.pinned_bytes -= e.bytes;
         } else if let Some(l) = self.lru_mut(key.layer) {
@@ -204,6 +248,7 @@ impl<T> ExpertCache<T> {
                 bytes,
                 tick,
                 pinned: pin,
+                unused_read: 0,
             },
         );
         true
@@ -325,6 +370,31 @@ mod tests {
         assert!(c.insert(k(1, 5), Arc::new(4), 61, false));
         assert!(c.bytes() <= 100);
         assert!(!c.contains(k(0, 0)));
+    }
+
+    #[test]
+    fn prefetched_bytes_used_or_wasted() {
+        let mut c = ExpertCache::new(
+            1,
+            CacheLimits {
+                per_layer: Some(2),
+                bytes: None,
+            },
+        );
+        c.insert(k(0, 0), Arc::new(0), 10, false);
+        c.mark_prefetched(k(0, 0), 100);
+        c.insert(k(0, 1), Arc::new(1), 10, false);
+        c.mark_prefetched(k(0, 1), 200);
+        assert!(c.lookup(k(0, 0)).is_some());
+        assert!(c.lookup(k(0, 0)).is_some()); // counted once
+        assert!(c.touch(k(0, 1))); // a pilot touch is no use
+        assert_eq!((c.prefetch_used_bytes(), c.prefetch_wasted_bytes()), (100, 0));
+        c.insert(k(0, 2), Arc::new(2), 10, false); // evicts 0/0 (used): nothing wasted
+        c.insert(k(0, 3), Arc::new(3), 10, false); // evicts 0/1, never used
+        assert_eq!((c.prefetch_used_bytes(), c.prefetch_wasted_bytes()), (100, 200));
+        c.count_prefetch_used(5);
+        c.count_prefetch_wasted(7);
+        assert_eq!((c.prefetch_used_bytes(), c.prefetch_wasted_bytes()), (105, 207));
     }
 
     #[test]

@@ -184,6 +184,14 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
     fn publish_cache_gauges(&self) {
         Counters::set(&self.counters.cache_bytes, self.cache.bytes());
         Counters::set(&self.counters.cache_entries, self.cache.len() as u64);
+        Counters::set(
+            &self.counters.prefetch_used_bytes,
+            self.cache.prefetch_used_bytes(),
+        );
+        Counters::set(
+            &self.counters.prefetch_wasted_bytes,
+            self.cache.prefetch_wasted_bytes(),
+        );
     }
 
     fn on_fetch(
@@ -244,6 +252,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             // All resident experts in one message: one wake-up for compute.
             let _ = reply.try_send(Delivery::Experts(hits));
         }
+        self.publish_cache_gauges();
         if remaining > 0 {
             self.pending.insert(
                 id,
@@ -397,6 +406,15 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             } => {
                 let c = &self.counters;
                 Counters::add(&c.bytes_read, report.bytes);
+                let prefetched = priority == Priority::Prefetch;
+                Counters::add(
+                    if prefetched {
+                        &c.prefetch_bytes
+                    } else {
+                        &c.demand_bytes
+                    },
+                    report.bytes,
+                );
                 Counters::add(&c.reads, report.reads);
                 Counters::add(&c.read_ns, report.read_ns);
                 Counters::add(&c.failed_attempts, report.failed_attempts);
@@ -404,6 +422,9 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                     // Its load was cancelled while the read ran.
                     if result.is_ok() {
                         Counters::add(&self.counters.stale_discarded, 1);
+                    }
+                    if prefetched {
+                        self.cache.count_prefetch_wasted(report.bytes);
                     }
                     return;
                 }
@@ -425,13 +446,21 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                             1,
                         );
                         let pin = self.pins.contains(&key);
-                        if pin || !live.is_empty() || f.epoch >= self.epoch_now() {
-                            self.cache
-                                .insert(key, loaded.value.clone(), loaded.resident_bytes, pin);
-                            self.publish_cache_gauges();
-                        } else {
+                        let wanted = pin || !live.is_empty() || f.epoch >= self.epoch_now();
+                        if !wanted {
                             Counters::add(&self.counters.stale_discarded, 1);
                         }
+                        let kept = wanted
+                            && self
+                                .cache
+                                .insert(key, loaded.value.clone(), loaded.resident_bytes, pin);
+                        match (prefetched, live.is_empty(), kept) {
+                            (false, ..) => {}
+                            (true, false, _) => self.cache.count_prefetch_used(report.bytes),
+                            (true, true, true) => self.cache.mark_prefetched(key, report.bytes),
+                            (true, true, false) => self.cache.count_prefetch_wasted(report.bytes),
+                        }
+                        self.publish_cache_gauges();
                         for (id, idx) in live {
                             self.deliver(id, Delivery::Expert(idx, loaded.value.clone()));
                         }
@@ -519,6 +548,13 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
     fn publish_recall(&self) {
         Counters::set(&self.counters.pilot_hits, self.recall.hits);
         Counters::set(&self.counters.pilot_routed, self.recall.routed);
+        Counters::set(&self.counters.pilot_predicted, self.recall.predicted);
+        Counters::set(&self.counters.pilot_unpredicted, self.recall.unpredicted);
+        Counters::set(&self.counters.pilot_late, self.recall.late);
+        let r = &self.recall;
+        Counters::set(&self.counters.pilot_unpredicted_routed, r.unpredicted_routed);
+        Counters::set(&self.counters.pilot_late_hits, r.late_hits);
+        Counters::set(&self.counters.pilot_late_routed, r.late_routed);
     }
 
     fn on_predicted(&mut self, p: Prediction) {

@@ -85,6 +85,13 @@ counters!(
     inflight_joins,
     // Storage.
     bytes_read,
+    // Bytes read by demand loads (compute was waiting or about to) and by
+    // prefetches; prefetched bytes later delivered to compute, and those
+    // evicted or discarded unused (wasted).
+    demand_bytes,
+    prefetch_bytes,
+    prefetch_used_bytes,
+    prefetch_wasted_bytes,
     reads,
     read_ns,
     failed_attempts,
@@ -108,6 +115,15 @@ counters!(
     pilot_dropped,
     pilot_hits,
     pilot_routed,
+    // Experts in predictions matched to a routing (precision denominator),
+    // routings no prediction had reached, predictions after their routing.
+    pilot_predicted,
+    pilot_unpredicted,
+    pilot_unpredicted_routed,
+    pilot_late,
+    // What late predictions would have caught, of how many routed experts.
+    pilot_late_hits,
+    pilot_late_routed,
     // Cache state (gauges).
     cache_bytes,
     cache_entries,
@@ -152,6 +168,31 @@ impl PipelineProfile {
     /// pipeline); gauges keep `self`'s values.
     pub fn since(&self, earlier: &PipelineProfile) -> PipelineProfile {
         Counters::since_inner(self, earlier)
+    }
+
+    /// Bytes read for experts compute used: demand reads plus prefetches
+    /// that were then delivered. What a perfect pilot would still read.
+    pub fn needed_bytes(&self) -> u64 {
+        self.demand_bytes + self.prefetch_used_bytes
+    }
+
+    /// Of the routed experts on predicted layers, the share predicted in
+    /// time (dropped, stale and late predictions count as misses).
+    pub fn pilot_recall(&self) -> Option<f64> {
+        (self.pilot_routed > 0).then(|| self.pilot_hits as f64 / self.pilot_routed as f64)
+    }
+
+    /// Recall of the predictions that arrived at all, in time or late:
+    /// the pilot's accuracy with timing left out.
+    pub fn pilot_recall_untimed(&self) -> Option<f64> {
+        let routed =
+            (self.pilot_routed + self.pilot_late_routed).saturating_sub(self.pilot_unpredicted_routed);
+        (routed > 0).then(|| (self.pilot_hits + self.pilot_late_hits) as f64 / routed as f64)
+    }
+
+    /// Of the experts predicted in time, the share that was routed.
+    pub fn pilot_precision(&self) -> Option<f64> {
+        (self.pilot_predicted > 0).then(|| self.pilot_hits as f64 / self.pilot_predicted as f64)
     }
 
     /// Share of time inside `fetch` spent blocked on expert arrival.

@@ -1,0 +1,458 @@
+#!/usr/bin/env python3
+# Peer comparison: colibri (`coli`) against llama.cpp on the same box, the
+# same random-weight OLMoE-1B-7B-shaped checkpoint, the same tokens.
+#
+# Not run in CI (it builds llama.cpp from source and writes ~50 GB). See
+# tools/peers/README.md for what each step does and docs/benchmarks.md for
+# figures.
+#
+# Pinned versions (the figures in docs/benchmarks.md were produced with these):
+#   llama-cpp-python==0.3.36  (built from source: CMAKE_ARGS="-DGGML_NATIVE=ON",
+#                              pip install --no-binary llama-cpp-python)
+#   numpy==2.4.6  safetensors==0.6.2  torch==2.9.1  transformers==4.57.1  tokenizers==0.22.2
+#   (torch and transformers only for llama.cpp's convert_hf_to_gguf.py)
+#
+# Steps (each skips what is already there; `all` runs them in order):
+#   setup      venv + llama-cpp-python from source + the converter's deps;
+#              the package's sdist (for vendor/llama.cpp/convert_hf_to_gguf.py)
+#   make-hf    random-weight HF checkpoint: config.json, BF16 safetensors,
+#              the bundled model's tokenizer (the converter pads the vocab)
+#   convert    GGUF Q8_0 (convert_hf_to_gguf.py --outtype q8_0), Q4_0 from
+#              it via llama_model_quantize, and coli containers (int8/int8,
+#              int4/int4) from the same checkpoint
+#   bench      both engines, 1 and 2 threads, rounds interleaved: a 16-token
+#              prompt + 32 greedy tokens, and forced replay of real text
+#
+# Usage:
+#   python3 tools/peers/compare.py all --work /work/bench-data/peers \
+#       --coli target/release/coli [--layers 16] [--rounds 3] [--cgroup-gb 4]
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+LLAMA_CPP_PYTHON = "0.3.36"
+PIP_PINS = [
+    "numpy==2.4.6",
+    "safetensors==0.6.2",
+    "torch==2.9.1",
+    "transformers==4.57.1",
+    "tokenizers==0.22.2",
+    "sentencepiece",
+    "protobuf",
+]
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "models" / "colibri-tiny"
+
+# OLMoE-1B-7B (allenai/OLMoE-1B-7B-0924) shape.
+OLMOE = dict(
+    vocab_size=50304,
+    hidden_size=2048,
+    intermediate_size=1024,
+    num_hidden_layers=16,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    num_experts=64,
+    num_experts_per_tok=8,
+    max_position_embeddings=4096,
+)
+
+PROMPT_TEXT = "<|user|>\nWhat does river mean in a sentence about the sea?\n<|assistant|>\n"
+NEW_TOKENS = 32
+PROMPT_LEN = 16
+
+
+def log(msg):
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, env=None, **kw):
+    log("$ " + " ".join(str(c) for c in cmd))
+    return subprocess.run([str(c) for c in cmd], check=True, env=env, **kw)
+
+
+# ---------------------------------------------------------------- setup
+
+def venv_python(work):
+    return work / "venv" / "bin" / "python"
+
+
+def setup(a):
+    work = a.work
+    py = venv_python(work)
+    if not py.exists():
+        run([sys.executable, "-m", "venv", work / "venv"])
+    pip = [py, "-m", "pip"]
+    have = subprocess.run([py, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+                          capture_output=True, text=True)
+    if have.returncode != 0 or have.stdout.strip() != LLAMA_CPP_PYTHON:
+        env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON")
+        env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+        run(pip + ["install", "--no-binary", "llama-cpp-python",
+                   f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], env=env)
+    run(pip + ["install", "-q"] + PIP_PINS)
+    llama_src(work)
+
+
+def llama_src(work):
+    """vendor/llama.cpp of the package's sdist (the converter lives there)."""
+    src = work / "sdist" / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    if src.exists():
+        return src
+    sd = work / "sdist"
+    sd.mkdir(parents=True, exist_ok=True)
+    tgz = sd / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not tgz.exists():
+        # --no-binary for this package only: `:all:` would also build its
+        # build dependencies (cmake) from source to read the metadata.
+        run([venv_python(work), "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", sd])
+    with tarfile.open(tgz) as t:
+        t.extractall(sd, filter="data")
+    return src
+
+
+# ---------------------------------------------------------------- make-hf
+
+def bf16_bytes(x):
+    """float32 array -> BF16 bytes (round to nearest even)."""
+    import numpy as np
+    u = x.astype(np.float32).view(np.uint32)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return u.astype(np.uint16).tobytes()
+
+
+def tensor_plan(cfg):
+    """(name, shape, kind) in file order; kind picks the distribution."""
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    plan = [("model.embed_tokens.weight", (v, h), "embed")]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        plan += [
+            (p + "input_layernorm.weight", (h,), "norm"),
+            (p + "self_attn.q_proj.weight", (h, h), "lin"),
+            (p + "self_attn.k_proj.weight", (h, h), "lin"),
+            (p + "self_attn.v_proj.weight", (h, h), "lin"),
+            (p + "self_attn.o_proj.weight", (h, h), "lin"),
+            (p + "self_attn.q_norm.weight", (h,), "norm"),
+            (p + "self_attn.k_norm.weight", (h,), "norm"),
+            (p + "post_attention_layernorm.weight", (h,), "norm"),
+            (p + "mlp.gate.weight", (cfg["num_experts"], h), "router"),
+        ]
+        for e in range(cfg["num_experts"]):
+            q = f"{p}mlp.experts.{e}."
+            plan += [
+                (q + "gate_proj.weight", (i, h), "lin"),
+                (q + "up_proj.weight", (i, h), "lin"),
+                (q + "down_proj.weight", (h, i), "lin"),
+            ]
+    plan += [("model.norm.weight", (h,), "norm"), ("lm_head.weight", (v, h), "lin")]
+    return plan
+
+
+def draw(rng, shape, kind):
+    """Seeded uniform draws: variance 1/fan_in (router 4/fan_in, so routing
+    follows the token; embeddings unit variance), norms 1 +- 0.1 -- the
+    distributions of `coli synth`, so activations stay finite over 16 layers."""
+    import numpy as np
+    n = int(np.prod(shape))
+    if kind == "norm":
+        return 1.0 + (rng.random(n, dtype=np.float32) * 0.2 - 0.1)
+    var = {"embed": 1.0, "router": 4.0 / shape[-1], "lin": 1.0 / shape[-1]}[kind]
+    a = np.float32((3.0 * var) ** 0.5)
+    x = rng.random(n, dtype=np.float32)
+    x *= 2 * a
+    x -= a
+    return x
+
+
+def make_hf(a):
+    out = a.work / "hf"
+    if (out / "model.safetensors").exists():
+        log(f"{out} exists")
+        return
+    import numpy as np
+    cfg = dict(OLMOE, num_hidden_layers=a.layers)
+    tmp = a.work / "hf.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = {
+        "architectures": ["OlmoeForCausalLM"],
+        "model_type": "olmoe",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "clip_qkv": None,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "norm_topk_prob": False,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "router_aux_loss_coef": 0.01,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": 5,
+        "pad_token_id": 1,
+        "use_cache": True,
+        **cfg,
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for f in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(TINY / f, tmp / f)
+    plan = tensor_plan(cfg)
+    header, off = {}, 0
+    for name, shape, _ in plan:
+        n = 2
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    header["__metadata__"] = {"format": "pt"}
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    rng = np.random.default_rng(a.seed)
+    t0 = time.time()
+    with open(tmp / "model.safetensors", "wb") as f:
+        f.write(len(hb).to_bytes(8, "little"))
+        f.write(hb)
+        for k, (name, shape, kind) in enumerate(plan):
+            f.write(bf16_bytes(draw(rng, shape, kind)))
+            if k % 500 == 0:
+                log(f"make-hf: {k}/{len(plan)} tensors, {f.tell() / 1e9:.1f} GB")
+    tmp.rename(out)
+    log(f"make-hf: {off / 1e9:.2f} GB in {time.time() - t0:.0f}s")
+
+
+# ---------------------------------------------------------------- convert
+
+CONVERT_WRAPPER = r"""
+# Runs convert_hf_to_gguf.py with the BPE pre-tokenizer check overridden: the
+# bundled tokenizer is a byte-level BPE llama.cpp does not know by hash, and a
+# random-weight model's tokenizer only has to be consistent on both sides.
+import sys
+src = sys.argv.pop(1)
+sys.path.insert(0, src + "/gguf-py")
+sys.path.insert(0, src)
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+import convert_hf_to_gguf
+convert_hf_to_gguf.main()
+"""
+
+
+def quantize(work, src, dst, ftype):
+    """`llama_model_quantize` of the package (requantizing: the weights are
+    random, only speed is compared, and this skips a 13.8 GB BF16 GGUF)."""
+    tmp = Path(str(dst) + ".tmp")
+    code = f"""
+import llama_cpp, sys
+p = llama_cpp.llama_model_quantize_default_params()
+p.ftype = llama_cpp.{ftype}
+p.nthread = 0
+p.allow_requantize = True
+sys.exit(llama_cpp.llama_model_quantize(b"{src}", b"{tmp}", p))
+"""
+    run([venv_python(work), "-c", code])
+    tmp.rename(dst)
+
+
+def convert(a):
+    work, src = a.work, llama_src(a.work)
+    hf = work / "hf"
+    q8 = work / "olmoe-q8_0.gguf"
+    if not q8.exists():
+        wrapper = work / "convert_wrapper.py"
+        wrapper.write_text(CONVERT_WRAPPER)
+        tmp = Path(str(q8) + ".tmp")
+        run([venv_python(work), wrapper, src, hf, "--outtype", "q8_0", "--outfile", tmp])
+        tmp.rename(q8)
+    q4 = work / "olmoe-q4_0.gguf"
+    if not q4.exists():
+        quantize(work, q8, q4, "LLAMA_FTYPE_MOSTLY_Q4_0")
+    for bits in ["int8", "int4"]:
+        dst = work / f"coli-{bits}"
+        if not dst.exists():
+            run([a.coli, "convert", "--input", hf, "--output", dst, "--experts", bits, "--dense", bits])
+
+
+# ---------------------------------------------------------------- bench
+
+def prompt_and_replay():
+    """Token ids of the fixed prompt and of the replay text, through the
+    bundled tokenizer (the checkpoint's tokenizer): both engines get ids."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(TINY / "tokenizer.json"))
+    prompt = tok.encode(PROMPT_TEXT).ids
+    prompt = (prompt * (PROMPT_LEN // max(1, len(prompt)) + 1))[:PROMPT_LEN]
+    text = (REPO / "tools" / "peers" / "replay.txt").read_text()
+    replay = tok.encode(text).ids
+    return prompt, replay
+
+
+LLAMA_BENCH = r"""
+# One llama.cpp measurement: prefill the prompt, then `n` decode steps one
+# token at a time, greedy (argmax of the logits) or forced from `forced`.
+import json, sys, time
+import numpy as np
+from llama_cpp import Llama
+a = json.loads(sys.argv[1])
+llm = Llama(model_path=a["model"], n_ctx=512, n_batch=512, n_threads=a["threads"],
+            n_threads_batch=a["threads"], use_mmap=True, verbose=False, seed=0)
+n_vocab = llm.n_vocab()
+def last_logits():
+    # The last token's logits, straight from the context (Llama.scores is
+    # only filled with logits_all).
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+llm.reset()
+llm.eval(a["prompt"])
+out, forced = [], a.get("forced")
+t0 = time.perf_counter()
+for i in range(a["n"]):
+    tok = int(np.argmax(last_logits()))
+    out.append(tok)
+    llm.eval([forced[i] if forced else tok])
+dt = time.perf_counter() - t0
+print(json.dumps({"tok_per_s": a["n"] / dt, "tokens": out}))
+"""
+
+
+def coli_threads_args(coli, threads):
+    """`--threads N` when coli has it, else RAYON_NUM_THREADS (its compute
+    pool is rayon's global pool)."""
+    h = subprocess.run([coli, "run", "--help"], capture_output=True, text=True).stdout
+    if "--threads" in h:
+        return ["--threads", str(threads)], dict(os.environ)
+    return [], dict(os.environ, RAYON_NUM_THREADS=str(threads))
+
+
+def in_cgroup(cmd, gb):
+    """Wraps `cmd` to run inside a fresh memory cgroup of `gb` GiB (v2
+    memory.max or v1 memory.limit_in_bytes; needs root)."""
+    if not gb:
+        return cmd
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    base = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/memory")
+    cg = base / f"coli-peers-{os.getpid()}"
+    cg.mkdir(exist_ok=True)
+    (cg / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(f"{int(gb * (1 << 30))}\n")
+    return ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"] + [str(c) for c in cmd]
+
+
+def bench_coli(a, model, threads, prompt, forced):
+    targs, env = coli_threads_args(a.coli, threads)
+    ids_file = a.work / "replay-ids.txt"
+    if forced is not None:
+        ids_file.write_text(" ".join(map(str, prompt + forced)))
+        mode = ["--replay", ids_file, "--prompt-len", str(len(prompt))]
+    else:
+        mode = ["--prompt-ids", ",".join(map(str, prompt))]
+    cmd = [a.coli, "bench", "--model", model, *mode, "--warmup", "0", "--tokens", str(NEW_TOKENS),
+           "--no-compute-bound", "--probe-mb", "16", *targs]
+    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"coli bench failed: {r.stderr[-2000:]}")
+    m = re.search(r"^measured\s+([0-9.]+)", r.stdout, re.M)
+    rec = re.search(r"^pilot\s+recall (\S+) precision (\S+)", r.stdout, re.M)
+    return float(m.group(1)), (rec.groups() if rec else ("n/a", "n/a"))
+
+
+def bench_llama(a, model, threads, prompt, forced):
+    arg = {"model": str(model), "threads": threads, "prompt": prompt, "n": NEW_TOKENS, "forced": forced}
+    cmd = [venv_python(a.work), "-c", LLAMA_BENCH, json.dumps(arg)]
+    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])["tok_per_s"]
+
+
+def bench(a):
+    prompt, replay = prompt_and_replay()
+    if len(replay) < PROMPT_LEN + NEW_TOKENS:
+        raise SystemExit("tools/peers/replay.txt is too short")
+    forced_all = replay[PROMPT_LEN : PROMPT_LEN + NEW_TOKENS]
+    pairs = [("int8", "coli-int8", "olmoe-q8_0.gguf"), ("int4", "coli-int4", "olmoe-q4_0.gguf")]
+    rows = []
+    for bits, cdir, gguf in pairs:
+        cm, lm = a.work / cdir, a.work / gguf
+        if not (cm.exists() and lm.exists()):
+            log(f"skip {bits}: {cm} or {lm} missing")
+            continue
+        for mode in ["prompt", "replay"]:
+            forced = forced_all if mode == "replay" else None
+            p = prompt if mode == "prompt" else replay[:PROMPT_LEN]
+            for threads in a.threads:
+                cs, ls, pilot = [], [], None
+                for rnd in range(a.rounds):
+                    # Interleaved, order alternating, so drift hits both.
+                    order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
+                    for who in order:
+                        if who == "coli":
+                            v, pilot = bench_coli(a, cm, threads, p, forced)
+                            cs.append(v)
+                        else:
+                            ls.append(bench_llama(a, lm, threads, p, forced))
+                    log(f"{bits} {mode} t={threads} round {rnd}: coli {cs[-1]:.2f} llama.cpp {ls[-1]:.2f}")
+                rows.append((bits, mode, threads, cs, ls, pilot))
+    lines = [
+        f"peer comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{a.layers} layers, {a.rounds} rounds, cgroup {a.cgroup_gb or 'none'} GiB",
+        "| weights | workload | threads | coli tok/s (median, range) | llama.cpp tok/s (median, range) | coli / llama.cpp | pilot recall / precision |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for bits, mode, threads, cs, ls, pilot in rows:
+        cm_, lm_ = statistics.median(cs), statistics.median(ls)
+        what = "16-token prompt + 32 greedy" if mode == "prompt" else "32 forced tokens of replay.txt"
+        q = "int8 vs Q8_0" if bits == "int8" else "int4 vs Q4_0"
+        lines.append(
+            f"| {q} | {what} | {threads} | {cm_:.2f} ({min(cs):.2f}-{max(cs):.2f}) | "
+            f"{lm_:.2f} ({min(ls):.2f}-{max(ls):.2f}) | {cm_ / lm_:.2f} | {pilot[0]} / {pilot[1]} |"
+        )
+    print("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description="coli vs llama.cpp; see tools/peers/README.md")
+    ap.add_argument("steps", help="all, or a comma-separated list of setup,make-hf,convert,bench")
+    ap.add_argument("--work", type=Path, default=Path("/work/bench-data/peers"))
+    ap.add_argument("--coli", type=Path, default=REPO / "target" / "release" / "coli")
+    ap.add_argument("--layers", type=int, default=16, help="OLMoE-1B-7B has 16")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cgroup-gb", type=float, default=0, help="run each engine in a memory cgroup")
+    a = ap.parse_args()
+    a.work = a.work.resolve()
+    a.work.mkdir(parents=True, exist_ok=True)
+    a.coli = a.coli.resolve()
+    steps = {"setup": setup, "make-hf": make_hf, "convert": convert, "bench": bench}
+    todo = list(steps) if a.steps == "all" else a.steps.split(",")
+    for name in todo:
+        if name not in steps:
+            raise SystemExit(f"unknown step {name!r}")
+    if todo[0] == "setup":
+        setup(a)
+        todo = todo[1:]
+    if not todo:
+        return
+    py = venv_python(a.work)
+    if Path(sys.prefix).resolve() != (a.work / "venv").resolve():
+        # The other steps need numpy and tokenizers: run them in the venv.
+        if not py.exists():
+            raise SystemExit(f"{py} is missing: run the setup step first")
+        rest = [x for x in sys.argv[1:] if x != a.steps]
+        os.execv(py, [str(py), __file__, ",".join(todo), *rest])
+    for name in todo:
+        steps[name](a)
+
+
+if __name__ == "__main__":
+    main()
