@@ -15,11 +15,10 @@ use clap::Args;
 use colibri_actors::StorageOptions;
 
 use super::{EngineArgs, ModelArg};
-use crate::config::OlmoeConfig;
 use crate::engine::{Engine, EngineOptions};
-use crate::model::olmoe::{LoadOptions, expert_map};
+use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
-use crate::synth::{PassResult, decode_pass, read_bandwidth, sim_bandwidth, synthetic_prompt};
+use crate::synth::{ModelShape, PassResult, decode_pass, read_bandwidth, sim_bandwidth, synthetic_prompt};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -87,7 +86,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         anyhow::bail!("--tokens and --prompt-len must be at least 1");
     }
     let dir = args.model.resolve()?;
-    let cfg = OlmoeConfig::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
+    let cfg = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
     let opts = args.engine.options();
     let prompt = synthetic_prompt(cfg.vocab_size, args.prompt_len, args.prompt_seed);
 
@@ -116,7 +115,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         Some(bw) => (bw, "simulated (--disk-sim bw)".to_string()),
         None => {
             let ck = Checkpoint::open(&dir)?;
-            let (map, _) = expert_map(&cfg, &ck, LoadOptions::default())?;
+            let (map, _) = cfg.expert_map(&ck, LoadOptions::default())?;
             drop(ck);
             let storage = StorageOptions {
                 direct: opts.direct,
@@ -161,7 +160,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
 
 fn print_report(
     dir: &Path,
-    cfg: &OlmoeConfig,
+    cfg: &ModelShape,
     opts: &EngineOptions,
     args: &BenchArgs,
     passes: &[Pass],

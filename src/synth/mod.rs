@@ -11,12 +11,14 @@ mod disk;
 mod glm;
 mod measure;
 mod rng;
+mod shape;
 mod spec;
 
 pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
 pub use glm::GlmShape;
 pub use measure::{PassResult, decode_pass, stats_delta, synthetic_prompt};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
+pub use shape::ModelShape;
 pub use spec::{SpecError, SynthSpec};
 
 use std::path::Path;
