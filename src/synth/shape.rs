@@ -18,8 +18,8 @@ use crate::st::Checkpoint;
 /// The config a [`ModelShape`] was read from.
 #[derive(Clone, Debug)]
 enum Family {
-    Olmoe(OlmoeConfig),
-    Glm(GlmConfig),
+    Olmoe(Box<OlmoeConfig>),
+    Glm(Box<GlmConfig>),
 }
 
 /// Vocabulary, sizes and routing of a model, whatever its family (field
@@ -56,7 +56,7 @@ impl ModelShape {
                     num_hidden_layers: c.num_hidden_layers,
                     num_experts: c.n_routed_experts,
                     num_experts_per_tok: c.num_experts_per_tok,
-                    family: Family::Glm(c),
+                    family: Family::Glm(Box::new(c)),
                 }
             }
             _ => {
@@ -68,7 +68,7 @@ impl ModelShape {
                     num_hidden_layers: c.num_hidden_layers,
                     num_experts: c.num_experts,
                     num_experts_per_tok: c.num_experts_per_tok,
-                    family: Family::Olmoe(c),
+                    family: Family::Olmoe(Box::new(c)),
                 }
             }
         })
