@@ -5,9 +5,10 @@
 //! two-expert cache.
 
 use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::model::olmoe::LoadOptions;
 use colibri::quant::QFormat;
 use colibri::st::Checkpoint;
-use colibri::synth::{SynthSpec, decode_pass, synth, synthetic_prompt};
+use colibri::synth::{ModelShape, SynthSpec, decode_pass, synth, synthetic_prompt};
 
 fn decode(dir: &std::path::Path, spec: &SynthSpec, opts: &EngineOptions) -> Vec<u32> {
     let mut engine = Engine::load(dir, opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
@@ -55,6 +56,13 @@ fn glm_tiny_decodes_identically_mapped_and_streamed() {
     assert!(ck.has("model.layers.0.mlp.up_proj.weight.qs"), "dense int8");
     assert!(!ck.has("model.layers.1.mlp.gate.weight.qs"), "router stays f32");
     assert!(ck.has("model.layers.1.self_attn.indexer.wq_b.weight"));
+
+    // What `coli bench` reads: the GLM config and its expert extents.
+    let shape = ModelShape::load(&dir).unwrap();
+    assert_eq!(shape.model_type, "glm_moe_dsa");
+    assert_eq!((shape.vocab_size, shape.num_experts), (spec.vocab, spec.experts));
+    let (map, _) = shape.expert_map(&ck, LoadOptions::default()).unwrap();
+    assert_eq!(map.experts_per_layer, spec.experts);
     drop(ck);
 
     let mapped = decode(
