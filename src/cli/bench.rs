@@ -15,13 +15,13 @@ use clap::Args;
 use colibri_actors::StorageOptions;
 
 use super::{EngineArgs, ModelArg};
-use crate::config::OlmoeConfig;
 use crate::engine::{Engine, EngineOptions};
 use crate::engine::{MemoryPlan, peak_rss_bytes};
-use crate::model::olmoe::{LoadOptions, expert_map};
+use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
 use crate::synth::{
-    PassResult, decode_pass, parse_replay_ids, read_bandwidth, replay_pass, sim_bandwidth, synthetic_prompt,
+    ModelShape, PassResult, decode_pass, parse_replay_ids, read_bandwidth, replay_pass, sim_bandwidth,
+    synthetic_prompt,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -113,7 +113,7 @@ fn run_pass(
 }
 
 /// The prompt and forced tokens of the run (see `--replay`, `--prompt-ids`).
-fn workload(dir: &Path, cfg: &OlmoeConfig, args: &BenchArgs) -> anyhow::Result<Workload> {
+fn workload(dir: &Path, cfg: &ModelShape, args: &BenchArgs) -> anyhow::Result<Workload> {
     let check = |ids: &[u32], what: &str| match ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
         Some(t) => anyhow::bail!(
             "{what}: token id {t} is outside the vocabulary ({})",
@@ -165,7 +165,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         anyhow::bail!("--tokens and --prompt-len must be at least 1");
     }
     let dir = args.model.resolve()?;
-    let cfg = OlmoeConfig::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
+    let cfg = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
     let opts = args.engine.options();
     let work = workload(&dir, &cfg, &args)?;
     let prompt = &work;
@@ -195,7 +195,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         Some(bw) => (bw, "simulated (--disk-sim bw)".to_string()),
         None => {
             let ck = Checkpoint::open(&dir)?;
-            let (map, _) = expert_map(&cfg, &ck, LoadOptions::default())?;
+            let (map, _) = cfg.expert_map(&ck, LoadOptions::default())?;
             drop(ck);
             let storage = StorageOptions {
                 direct: opts.direct,
@@ -241,7 +241,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
 #[allow(clippy::too_many_arguments)]
 fn print_report(
     dir: &Path,
-    cfg: &OlmoeConfig,
+    cfg: &ModelShape,
     opts: &EngineOptions,
     args: &BenchArgs,
     work: &Workload,

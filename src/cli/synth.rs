@@ -13,7 +13,9 @@ pub struct SynthArgs {
     /// Output container directory (must not exist, or be empty).
     #[arg(long)]
     pub output: PathBuf,
-    /// Model shape: olmoe-1b-7b (about 7 GB), small or tiny.
+    /// Model shape: olmoe-1b-7b (about 7 GB), small, tiny, glm-5 (GLM-5's
+    /// real shape, int4-g64 experts; 4 layers, about 8.7 GB, by default) or
+    /// glm-tiny.
     #[arg(long, default_value = "olmoe-1b-7b")]
     pub preset: String,
     /// Decoder layers (default: the preset's).
@@ -28,6 +30,10 @@ pub struct SynthArgs {
     /// Multiply hidden, intermediate and vocabulary sizes by this (0, 1].
     #[arg(long)]
     pub scale: Option<f64>,
+    /// Routed experts' format (default: the preset's, int8 for OLMoE,
+    /// int4-g64 for GLM; int4-gN is offered for GLM only).
+    #[arg(long)]
+    pub expert_format: Option<String>,
     /// Dense matrices: int8 or f32 (norms and router always stay f32).
     #[arg(long, default_value = "int8")]
     pub dense: String,
@@ -49,6 +55,9 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     }
     if let Some(k) = args.top_k {
         spec.top_k = k;
+    }
+    if let Some(f) = &args.expert_format {
+        spec.expert_format = parse_format(f)?;
     }
     spec.dense_format = parse_format(&args.dense)?;
     spec.seed = args.seed;

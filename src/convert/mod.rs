@@ -11,7 +11,7 @@
 //! into a temporary directory renamed into place at the very end, so an
 //! interrupted conversion never leaves something that loads.
 
-mod glm;
+pub(crate) mod glm;
 pub(crate) mod plan;
 mod writer;
 

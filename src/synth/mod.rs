@@ -8,18 +8,22 @@
 //! tensor in memory at a time, a temporary directory renamed at the end.
 
 mod disk;
+mod glm;
 mod measure;
 mod rng;
+mod shape;
 mod spec;
 
 pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
+pub use glm::GlmShape;
 pub use measure::{PassResult, decode_pass, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
+pub use shape::ModelShape;
 pub use spec::{SpecError, SynthSpec};
 
 use std::path::Path;
 
-use crate::config::OlmoeConfig;
+use crate::config::{GlmConfig, OlmoeConfig};
 use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput, ModelSpec};
 
 /// Why a synthetic model could not be written.
@@ -60,9 +64,14 @@ pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertR
     spec.validate()?;
     let config = spec.config_json();
     let cfg_path = output.join("config.json");
-    let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+    let model = if spec.glm.is_some() {
+        let cfg = GlmConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+        crate::convert::glm::spec(&cfg, &cfg_path, spec.expert_format, spec.dense_format)?
+    } else {
+        let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+        ModelSpec::olmoe(&cfg, spec.expert_format, spec.dense_format)
+    };
     let inputs = spec.inputs(output);
-    let model = ModelSpec::olmoe(&cfg, spec.expert_format, spec.dense_format);
     let jobs = crate::convert::plan::plan(&inputs, output, &model)?;
     let write_config = |tmp: &Path| -> Result<(), ConvertError> {
         let path = tmp.join("config.json");

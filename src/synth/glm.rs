@@ -1,0 +1,131 @@
+//! The GLM-5 (`glm_moe_dsa`) shape of a synthetic model: MLA attention with
+//! the DSA indexer, dense leading layers, then sparse layers of routed
+//! experts plus one shared expert behind a sigmoid router.
+//!
+//! Only what the GLM loader reads is generated (no MTP layer): the point is
+//! a container whose expert reads are exactly the real model's size, so a
+//! benchmark on it meets the real disk traffic, with as many layers as the
+//! disk holds.
+
+/// The GLM-specific hyper-parameters of a [`super::SynthSpec`] (the shared
+/// ones, hidden size, heads, experts, top-k, expert intermediate size and
+/// vocabulary, stay in the spec itself).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GlmShape {
+    /// Intermediate size of the dense leading layers' MLP.
+    pub dense_intermediate: usize,
+    /// Leading layers with a dense MLP (`first_k_dense_replace`).
+    pub first_dense: usize,
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub index_n_heads: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub n_shared_experts: usize,
+    pub routed_scaling_factor: f64,
+}
+
+impl GlmShape {
+    /// GLM-5's attention, indexer and router hyper-parameters.
+    pub fn glm5() -> Self {
+        Self {
+            dense_intermediate: 12288,
+            first_dense: 3,
+            q_lora_rank: 2048,
+            kv_lora_rank: 512,
+            qk_nope_head_dim: 192,
+            qk_rope_head_dim: 64,
+            v_head_dim: 256,
+            index_n_heads: 32,
+            index_head_dim: 128,
+            index_topk: 2048,
+            n_group: 1,
+            topk_group: 1,
+            n_shared_experts: 1,
+            routed_scaling_factor: 2.5,
+        }
+    }
+
+    /// A few MB, every code path of the real shape kept (grouped routing
+    /// included, so group-limited selection is exercised too).
+    pub fn tiny() -> Self {
+        Self {
+            dense_intermediate: 96,
+            first_dense: 1,
+            q_lora_rank: 32,
+            kv_lora_rank: 24,
+            qk_nope_head_dim: 16,
+            qk_rope_head_dim: 8,
+            v_head_dim: 12,
+            index_n_heads: 4,
+            index_head_dim: 16,
+            index_topk: 6,
+            n_group: 2,
+            topk_group: 1,
+            n_shared_experts: 1,
+            routed_scaling_factor: 2.5,
+        }
+    }
+
+    /// Per-layer tensors of decoder layer `l` as a Hugging Face GLM-5
+    /// checkpoint names them (unsorted), for a model of hidden size `h`,
+    /// `heads` attention heads, `experts` routed experts of intermediate
+    /// size `inter`.
+    pub(crate) fn layer_tensors(
+        &self,
+        l: usize,
+        h: usize,
+        heads: usize,
+        experts: usize,
+        inter: usize,
+    ) -> Vec<(String, Vec<usize>)> {
+        let n = |rest: &str| format!("model.layers.{l}.{rest}");
+        let (q, kv, rope) = (self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim);
+        let (ih, ihd) = (self.index_n_heads, self.index_head_dim);
+        let mut out = vec![
+            (n("input_layernorm.weight"), vec![h]),
+            (n("post_attention_layernorm.weight"), vec![h]),
+            (n("self_attn.q_a_proj.weight"), vec![q, h]),
+            (n("self_attn.q_a_layernorm.weight"), vec![q]),
+            (
+                n("self_attn.q_b_proj.weight"),
+                vec![heads * (self.qk_nope_head_dim + rope), q],
+            ),
+            (n("self_attn.kv_a_proj_with_mqa.weight"), vec![kv + rope, h]),
+            (n("self_attn.kv_a_layernorm.weight"), vec![kv]),
+            (
+                n("self_attn.kv_b_proj.weight"),
+                vec![heads * (self.qk_nope_head_dim + self.v_head_dim), kv],
+            ),
+            (n("self_attn.o_proj.weight"), vec![h, heads * self.v_head_dim]),
+            (n("self_attn.indexer.wq_b.weight"), vec![ih * ihd, q]),
+            (n("self_attn.indexer.wk.weight"), vec![ihd, h]),
+            (n("self_attn.indexer.k_norm.weight"), vec![ihd]),
+            (n("self_attn.indexer.k_norm.bias"), vec![ihd]),
+            (n("self_attn.indexer.weights_proj.weight"), vec![ih, h]),
+        ];
+        let mlp = |prefix: &str, i: usize| {
+            [
+                (n(&format!("{prefix}.gate_proj.weight")), vec![i, h]),
+                (n(&format!("{prefix}.up_proj.weight")), vec![i, h]),
+                (n(&format!("{prefix}.down_proj.weight")), vec![h, i]),
+            ]
+        };
+        if l < self.first_dense {
+            out.extend(mlp("mlp", self.dense_intermediate));
+        } else {
+            out.push((n("mlp.gate.weight"), vec![experts, h]));
+            out.push((n("mlp.gate.e_score_correction_bias"), vec![experts]));
+            out.extend(mlp("mlp.shared_experts", inter * self.n_shared_experts));
+            for e in 0..experts {
+                out.extend(mlp(&format!("mlp.experts.{e}"), inter));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,89 @@
+//! The few numbers a benchmark needs from a model of either family.
+//!
+//! `coli bench` sizes its prompt, its all-resident pass and its disk probe
+//! from the vocabulary, the expert count and the expert map; this reads them
+//! from an OLMoE or a GLM-5 / DeepSeek-V3 config.json, so the same bench
+//! runs on `coli synth`'s GLM-shaped containers.
+
+use std::path::Path;
+
+use colibri_actors::ExpertMap;
+
+use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
+use crate::model::ModelError;
+use crate::model::expert::ExpertCodec;
+use crate::model::olmoe::LoadOptions;
+use crate::st::Checkpoint;
+
+/// The config a [`ModelShape`] was read from.
+#[derive(Clone, Debug)]
+enum Family {
+    Olmoe(Box<OlmoeConfig>),
+    Glm(Box<GlmConfig>),
+}
+
+/// Vocabulary, sizes and routing of a model, whatever its family (field
+/// names as OLMoE's config, which the bench used before it read GLM).
+#[derive(Clone, Debug)]
+pub struct ModelShape {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    /// Routed experts per sparse layer.
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    family: Family,
+}
+
+impl ModelShape {
+    /// Reads `dir`'s config.json, dispatching on `model_type` as
+    /// `coli convert` does.
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let (path, json) = read_json(dir)?;
+        let model_type = json
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
+        Ok(match model_type.as_str() {
+            "glm_moe_dsa" | "deepseek_v3" => {
+                let c = GlmConfig::from_json(&path, json)?;
+                Self {
+                    model_type,
+                    vocab_size: c.vocab_size,
+                    hidden_size: c.hidden_size,
+                    num_hidden_layers: c.num_hidden_layers,
+                    num_experts: c.n_routed_experts,
+                    num_experts_per_tok: c.num_experts_per_tok,
+                    family: Family::Glm(Box::new(c)),
+                }
+            }
+            _ => {
+                let c = OlmoeConfig::from_json(&path, json)?;
+                Self {
+                    model_type,
+                    vocab_size: c.vocab_size,
+                    hidden_size: c.hidden_size,
+                    num_hidden_layers: c.num_hidden_layers,
+                    num_experts: c.num_experts,
+                    num_experts_per_tok: c.num_experts_per_tok,
+                    family: Family::Olmoe(Box::new(c)),
+                }
+            }
+        })
+    }
+
+    /// The routed experts' byte ranges (main layers only: a bench decodes
+    /// without MTP drafts), through the family's own loader.
+    pub fn expert_map(
+        &self,
+        ck: &Checkpoint,
+        opts: LoadOptions,
+    ) -> Result<(ExpertMap, ExpertCodec), ModelError> {
+        match &self.family {
+            Family::Olmoe(c) => crate::model::olmoe::expert_map(c, ck, opts),
+            Family::Glm(c) => crate::model::glm::expert_map(c, ck, opts, false),
+        }
+    }
+}
