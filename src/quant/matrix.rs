@@ -195,6 +195,13 @@ impl QMatrix {
         }
     }
 
+    /// `row r · x` with f32 activations, for callers that need a few rows
+    /// against different vectors (MLA's absorbed attention); the same value
+    /// the exact matvec gives for that row.
+    pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+        kernels::dispatch().dot(&self.row_ref(r), x)
+    }
+
     /// `y = W x`, parallel over rows. Each row's sum is computed in a fixed
     /// order, so the result does not depend on the thread count.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {

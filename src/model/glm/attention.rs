@@ -143,29 +143,29 @@ impl AttnCtx<'_> {
         let kvb_rows = nope + vd;
         let mut ctx = vec![0f32; n * heads * vd];
         if absorbed {
-            let owned;
-            let kvb: &[f32] = match w.kv_b.f32_data() {
-                Some(d) => d,
-                None => {
-                    let mut d = vec![0f32; w.kv_b.rows() * kvl];
-                    for (r, row) in d.chunks_mut(kvl).enumerate() {
-                        w.kv_b.dequantize_row(r, row);
-                    }
-                    owned = d;
-                    &owned
-                }
-            };
+            // kv_b_proj is used in place: its K rows through a dequantized
+            // row at a time, its V rows through the row kernel. Expanding it
+            // to f32 here would cost `rows × kv_lora_rank × 4` bytes per
+            // layer and token (59 MB at GLM-5's shape).
+            let kvb = &w.kv_b;
             let latent = &cache.latent;
             let k_rope = &cache.k_rope;
             ctx.par_chunks_mut(vd).enumerate().for_each(|(i, out)| {
                 let (t, h) = (i / heads, i % heads);
                 let qh = &q[(t * heads + h) * qhd..(t * heads + h + 1) * qhd];
-                let wk = &kvb[h * kvb_rows * kvl..(h * kvb_rows + nope) * kvl];
-                let wv = &kvb[(h * kvb_rows + nope) * kvl..(h + 1) * kvb_rows * kvl];
                 // q_abs = W_uk^T q_nope
                 let mut q_abs = vec![0f32; kvl];
+                let mut wrow = vec![0f32; kvl];
                 for (j, &qj) in qh[..nope].iter().enumerate() {
-                    for (a, &b) in q_abs.iter_mut().zip(&wk[j * kvl..(j + 1) * kvl]) {
+                    let r = h * kvb_rows + j;
+                    let wk: &[f32] = match kvb.f32_data() {
+                        Some(d) => &d[r * kvl..(r + 1) * kvl],
+                        None => {
+                            kvb.dequantize_row(r, &mut wrow);
+                            &wrow
+                        }
+                    };
+                    for (a, &b) in q_abs.iter_mut().zip(wk) {
                         *a += qj * b;
                     }
                 }
@@ -186,7 +186,11 @@ impl AttnCtx<'_> {
                     }
                 }
                 for (d, o) in out.iter_mut().enumerate() {
-                    *o = dot(&wv[d * kvl..(d + 1) * kvl], &ctx_lat);
+                    let r = h * kvb_rows + nope + d;
+                    *o = match kvb.f32_data() {
+                        Some(wv) => dot(&wv[r * kvl..(r + 1) * kvl], &ctx_lat),
+                        None => kvb.row_dot(r, &ctx_lat),
+                    };
                 }
             });
         } else {
