@@ -92,9 +92,13 @@ fn usage_errors_exit_2_and_runtime_errors_exit_1() {
         &[],
     );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // Values clap parses but the command refuses are usage errors too.
     let o = run(&["run", "--prompt-ids", "1", "--ram-gb", "-1"], &[]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--ram-gb"), "{}", stderr(&o));
+    let o = run(&["run", "--prompt-ids", "1", "--temperature", "-1"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--temperature"), "{}", stderr(&o));
 }
 
 #[test]

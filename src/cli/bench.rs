@@ -84,7 +84,7 @@ fn run_pass(
 
 pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     if args.tokens == 0 || args.prompt_len == 0 {
-        anyhow::bail!("--tokens and --prompt-len must be at least 1");
+        return Err(super::usage("--tokens and --prompt-len must be at least 1"));
     }
     let dir = args.model.resolve()?;
     let cfg = OlmoeConfig::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
