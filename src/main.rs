@@ -47,11 +47,11 @@ fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
-        // 2 is clap's code for usage errors (bad flags); everything that goes
-        // wrong after the command line parsed (loading, I/O) is 1.
+        // 2 is clap's code for usage errors (bad flags, also when found after
+        // parsing); everything else (loading, I/O) is 1.
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
-            ExitCode::from(1)
+            ExitCode::from(if colibri::cli::is_usage_error(&e) { 2 } else { 1 })
         }
     }
 }

@@ -162,7 +162,7 @@ fn workload(dir: &Path, cfg: &ModelShape, args: &BenchArgs) -> anyhow::Result<Wo
 
 pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     if args.tokens == 0 || args.prompt_len == 0 {
-        anyhow::bail!("--tokens and --prompt-len must be at least 1");
+        return Err(super::usage("--tokens and --prompt-len must be at least 1"));
     }
     let dir = args.model.resolve()?;
     let cfg = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;

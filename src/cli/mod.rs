@@ -57,6 +57,30 @@ impl Command {
     }
 }
 
+/// A flag value, or a combination of flags, the command cannot run with.
+/// Exits with 2 like clap's own usage errors; everything else that fails
+/// after the command line parsed exits with 1.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// A [`UsageError`] as an `anyhow::Error`.
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// True when `e` (or a cause) is a usage error: a [`UsageError`] or an engine
+/// option the engine refused (`--ram-gb`, `--disk-sim`, bit widths).
+pub fn is_usage_error(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<UsageError>()
+            || matches!(
+                c.downcast_ref::<crate::engine::EngineError>(),
+                Some(crate::engine::EngineError::Option(_))
+            )
+    })
+}
+
 /// Where the model is: `--model`, else `$COLI_MODEL`, else the bundled model.
 #[derive(Debug, Args, Clone)]
 pub struct ModelArg {
@@ -74,10 +98,10 @@ impl ModelArg {
         if bundled.join("config.json").is_file() {
             Ok(bundled)
         } else {
-            anyhow::bail!(
+            Err(usage(format!(
                 "no model given: pass --model DIR or set COLI_MODEL (no bundled model at {})",
                 bundled.display()
-            )
+            )))
         }
     }
 }
@@ -201,7 +225,7 @@ pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
         .map(|p| {
             p.trim()
                 .parse::<u32>()
-                .map_err(|e| anyhow::anyhow!("--prompt-ids: {p:?} is not a token id ({e})"))
+                .map_err(|e| usage(format!("--prompt-ids: {p:?} is not a token id ({e})")))
         })
         .collect()
 }

@@ -109,19 +109,22 @@ pub fn chat_prompt(dir: &Path, text: &str) -> anyhow::Result<String> {
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if args.draft.0.is_some() && args.temperature > 0.0 {
-        anyhow::bail!(
+        return Err(super::usage(format!(
             "--draft needs greedy decoding (--temperature 0, got {}): speculative sampling is not implemented",
             args.temperature
-        );
+        )));
     }
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
-        anyhow::bail!(
+        return Err(super::usage(format!(
             "--temperature must be a finite number >= 0, got {}",
             args.temperature
-        );
+        )));
     }
     if !(args.top_p > 0.0 && args.top_p <= 1.0) {
-        anyhow::bail!("--top-p must be in (0, 1], got {}", args.top_p);
+        return Err(super::usage(format!(
+            "--top-p must be in (0, 1], got {}",
+            args.top_p
+        )));
     }
     let dir = args.model.resolve()?;
     let mut engine =
@@ -136,10 +139,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             };
             engine.tokenizer()?.encode(&text)?
         }
-        (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
+        (None, None) => return Err(super::usage("give --prompt or --prompt-ids")),
     };
     if prompt.is_empty() {
-        anyhow::bail!("the prompt is empty");
+        return Err(super::usage("the prompt is empty"));
     }
     let mut session = engine.new_session();
     session.spec = args.draft.0.map(|mode| {

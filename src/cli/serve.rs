@@ -54,7 +54,7 @@ pub struct ServeArgs {
 /// The context length: `--ctx` capped by the model, else the model's capped default.
 pub fn context_len(requested: Option<usize>, model_max: usize) -> anyhow::Result<usize> {
     match requested {
-        Some(0) => anyhow::bail!("--ctx must be positive"),
+        Some(0) => Err(super::usage("--ctx must be positive")),
         Some(n) if n > model_max => {
             eprintln!("coli: --ctx {n} exceeds the model's {model_max} positions; using {model_max}");
             Ok(model_max)
@@ -67,10 +67,12 @@ pub fn context_len(requested: Option<usize>, model_max: usize) -> anyhow::Result
 /// Checks the sampling flags shared by serve and chat.
 pub fn check_sampling(temperature: f32, top_p: f32) -> anyhow::Result<()> {
     if !(temperature.is_finite() && temperature >= 0.0) {
-        anyhow::bail!("--temperature must be a finite number >= 0, got {temperature}");
+        return Err(super::usage(format!(
+            "--temperature must be a finite number >= 0, got {temperature}"
+        )));
     }
     if !(top_p > 0.0 && top_p <= 1.0) {
-        anyhow::bail!("--top-p must be in (0, 1], got {top_p}");
+        return Err(super::usage(format!("--top-p must be in (0, 1], got {top_p}")));
     }
     Ok(())
 }
