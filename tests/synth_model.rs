@@ -188,14 +188,30 @@ fn coli_bench_replays_an_id_file() {
         .arg(&dir)
         .arg("--replay")
         .arg(&file)
-        .args(["--prompt-len", "4", "--warmup", "2", "--tokens", "6", "--probe-mb", "1"])
+        .args([
+            "--prompt-len",
+            "4",
+            "--warmup",
+            "2",
+            "--tokens",
+            "6",
+            "--probe-mb",
+            "1",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("forced from --replay"), "{stdout}");
     assert!(stdout.contains("memory budget"), "{stdout}");
-    assert!(stdout.contains("deterministic: tokens identical across 2 passes"), "{stdout}");
+    assert!(
+        stdout.contains("deterministic: tokens identical across 2 passes"),
+        "{stdout}"
+    );
     // An id outside the vocabulary is refused.
     std::fs::write(&file, format!("{} 1 2 3 4 5 6 7 8 9 10 11", spec.vocab)).unwrap();
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
