@@ -149,8 +149,13 @@ fn replay_forces_tokens_and_accounts_bytes_and_pilot() {
     // counted (predictions may still arrive late: only those counters move).
     let p = r.profile.expect("the pipeline reports a profile");
     assert!(p.pilot_hits <= p.pilot_routed && p.pilot_hits <= p.pilot_predicted);
-    // Layers 1.. are predicted; layer 0 never is.
-    assert_eq!(p.pilot_routed as usize, 6 * (spec.layers - 1) * spec.top_k);
+    // Only layers the pilot predicts are counted (never layer 0), each
+    // routed expert at most once (how many depends on when the first
+    // prediction of a layer arrived, so only the bound is checked).
+    assert!(
+        p.pilot_routed as usize <= 6 * (spec.layers - 1) * spec.top_k,
+        "{p:?}"
+    );
 
     // Without the pilot every read is a demand read, done when its fetch
     // returns: the byte split is exact.

@@ -356,12 +356,12 @@ def bench_coli(a, model, threads, prompt, forced):
     else:
         mode = ["--prompt-ids", ",".join(map(str, prompt))]
     cmd = [a.coli, "bench", "--model", model, *mode, "--warmup", "0", "--tokens", str(NEW_TOKENS),
-           "--no-compute-bound", "--probe-mb", "16", *targs]
+           "--no-compute-bound", "--probe-mb", "16", *targs, *a.coli_args.split()]
     r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"coli bench failed: {r.stderr[-2000:]}")
     m = re.search(r"^measured\s+([0-9.]+)", r.stdout, re.M)
-    rec = re.search(r"^pilot\s+recall (\S+) precision (\S+)", r.stdout, re.M)
+    rec = re.search(r"^pilot\s+recall (\S+) precision ([^\s;]+)", r.stdout, re.M)
     return float(m.group(1)), (rec.groups() if rec else ("n/a", "n/a"))
 
 
@@ -387,6 +387,8 @@ def bench(a):
             log(f"skip {bits}: {cm} or {lm} missing")
             continue
         for mode in ["prompt", "replay"]:
+            if a.only and f"{bits}:{mode}" not in a.only.split(","):
+                continue
             forced = forced_all if mode == "replay" else None
             p = prompt if mode == "prompt" else replay[:PROMPT_LEN]
             for threads in a.threads:
@@ -404,7 +406,8 @@ def bench(a):
                 rows.append((bits, mode, threads, cs, ls, pilot))
     lines = [
         f"peer comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{a.layers} layers, {a.rounds} rounds, cgroup {a.cgroup_gb or 'none'} GiB",
+        f"{a.layers} layers, {a.rounds} rounds, cgroup {a.cgroup_gb or 'none'} GiB, "
+        f"coli flags: {a.coli_args or '(defaults)'}",
         "| weights | workload | threads | coli tok/s (median, range) | llama.cpp tok/s (median, range) | coli / llama.cpp | pilot recall / precision |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -429,6 +432,8 @@ def main():
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cgroup-gb", type=float, default=0, help="run each engine in a memory cgroup")
+    ap.add_argument("--coli-args", default="", help="extra coli engine flags, e.g. --int8-acts")
+    ap.add_argument("--only", default="", help="subset, e.g. int8:replay (weights:workload)")
     a = ap.parse_args()
     a.work = a.work.resolve()
     a.work.mkdir(parents=True, exist_ok=True)
