@@ -422,9 +422,84 @@ def bench(a):
     print("\n".join(lines))
 
 
+LLAMA_PREFILL = r"""
+# One llama.cpp prefill: the prompt in one batch, timed.
+import json, sys, time
+from llama_cpp import Llama
+a = json.loads(sys.argv[1])
+llm = Llama(model_path=a["model"], n_ctx=1024, n_batch=512, n_threads=a["threads"],
+            n_threads_batch=a["threads"], use_mmap=True, verbose=False, seed=0)
+llm.reset()
+t0 = time.perf_counter()
+llm.eval(a["prompt"])
+print(json.dumps({"secs": time.perf_counter() - t0}))
+"""
+
+
+def prefill_ids(n):
+    """`n` token ids spread over the padded vocabulary, the same for both
+    engines (prefill speed does not depend on which tokens they are)."""
+    return [(i * 7919) % 50000 + 1 for i in range(n)]
+
+
+def prefill_coli(a, model, threads, prompt):
+    targs, env = coli_threads_args(a.coli, threads)
+    cmd = [a.coli, "run", "--model", model, "--prompt-ids", ",".join(map(str, prompt)),
+           "--max-tokens", "1", "--ids", *targs, *a.coli_args.split()]
+    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=env)
+    m = re.search(r"prefill ([0-9.]+)s", r.stderr)
+    if r.returncode != 0 or not m:
+        raise RuntimeError(f"coli run failed: {r.stderr[-2000:]}")
+    return float(m.group(1))
+
+
+def prefill_llama(a, model, threads, prompt):
+    arg = {"model": str(model), "threads": threads, "prompt": prompt}
+    cmd = [venv_python(a.work), "-c", LLAMA_PREFILL, json.dumps(arg)]
+    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])["secs"]
+
+
+def prefill(a):
+    """Prompt processing: 16 and 256 tokens in one forward pass, both
+    engines from the page cache (a first, discarded run of each warms it)."""
+    pairs = [("int8", "coli-int8", "olmoe-q8_0.gguf"), ("int4", "coli-int4", "olmoe-q4_0.gguf")]
+    lines = [
+        f"prefill {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
+        f"coli flags: {a.coli_args or '(defaults)'}",
+        "| weights | prompt tokens | threads | coli s (best, median) | llama.cpp s (best, median) | llama.cpp / coli (speed ratio) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for bits, cdir, gguf in pairs:
+        cm, lm = a.work / cdir, a.work / gguf
+        if not (cm.exists() and lm.exists()) or (a.only and bits not in a.only):
+            continue
+        prefill_coli(a, cm, 2, prefill_ids(16))
+        prefill_llama(a, lm, 2, prefill_ids(16))
+        for n in (16, 256):
+            for threads in a.threads:
+                cs, ls = [], []
+                for rnd in range(a.rounds):
+                    order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
+                    for who in order:
+                        if who == "coli":
+                            cs.append(prefill_coli(a, cm, threads, prefill_ids(n)))
+                        else:
+                            ls.append(prefill_llama(a, lm, threads, prefill_ids(n)))
+                    log(f"{bits} prefill {n} t={threads} round {rnd}: coli {cs[-1]:.2f}s llama.cpp {ls[-1]:.2f}s")
+                q = "int8 vs Q8_0" if bits == "int8" else "int4 vs Q4_0"
+                cmed, lmed = statistics.median(cs), statistics.median(ls)
+                lines.append(
+                    f"| {q} | {n} | {threads} | {min(cs):.2f}, {cmed:.2f} | {min(ls):.2f}, {lmed:.2f} | {lmed / cmed:.2f} |"
+                )
+    print("\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser(description="coli vs llama.cpp; see tools/peers/README.md")
-    ap.add_argument("steps", help="all, or a comma-separated list of setup,make-hf,convert,bench")
+    ap.add_argument("steps", help="all, or a comma-separated list of setup,make-hf,convert,bench,prefill")
     ap.add_argument("--work", type=Path, default=Path("/work/bench-data/peers"))
     ap.add_argument("--coli", type=Path, default=REPO / "target" / "release" / "coli")
     ap.add_argument("--layers", type=int, default=16, help="OLMoE-1B-7B has 16")
@@ -438,7 +513,7 @@ def main():
     a.work = a.work.resolve()
     a.work.mkdir(parents=True, exist_ok=True)
     a.coli = a.coli.resolve()
-    steps = {"setup": setup, "make-hf": make_hf, "convert": convert, "bench": bench}
+    steps = {"setup": setup, "make-hf": make_hf, "convert": convert, "bench": bench, "prefill": prefill}
     todo = list(steps) if a.steps == "all" else a.steps.split(",")
     for name in todo:
         if name not in steps:

@@ -2,7 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
+
+/// The page size the mapping's advice works in.
+const PAGE: usize = 4096;
 
 use super::pread::drop_pages;
 use super::{Storage, no_such_file, open_all};
@@ -62,6 +65,21 @@ impl Storage for MmapStorage {
         let start = usize::try_from(offset).unwrap_or(usize::MAX).min(map.len());
         let n = buf.len().min(map.len() - start);
         buf[..n].copy_from_slice(&map[start..start + n]);
+        // The copy is what the cache keeps; the mapped pages would stay in
+        // this process's RSS (and count against a memory cgroup) until the
+        // kernel reclaimed them, so drop their page-table entries now. The
+        // page cache keeps the data. Only whole pages inside the range.
+        let lo = start.next_multiple_of(PAGE);
+        let hi = (start + n) / PAGE * PAGE;
+        if hi > lo {
+            // SAFETY: the map is a read-only shared file mapping: dropping
+            // its PTEs loses no data (later reads fault the file's pages
+            // back in), and the copy above no longer borrows the range.
+            let r = unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, lo, hi - lo) };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "madvise(DONTNEED) after a copy failed");
+            }
+        }
         if self.drop_cache
             && let Some(f) = self.files.get(file as usize)
         {

@@ -137,6 +137,13 @@ impl Glm {
         for (a, b) in x.iter_mut().zip(&attn) {
             *a += b;
         }
+        // Offer the residual after this layer's attention to the pilot of
+        // the next layer, as OLMoE does: the prefetch then overlaps this
+        // layer's experts, not only the next attention.
+        if (expert_layer as usize) + 1 < cfg.num_hidden_layers {
+            self.source
+                .pilot(tag.at_layer(expert_layer + 1), &x[(n - 1) * hidden..n * hidden]);
+        }
         for t in 0..n {
             rms_norm(
                 &x[t * hidden..(t + 1) * hidden],
@@ -209,10 +216,6 @@ impl Glm {
                 &mut sel,
                 &mut routing,
             )?;
-            if l + 1 < cfg.num_hidden_layers {
-                self.source
-                    .pilot(tag.at_layer(l as u32 + 1), &x[(n - 1) * hidden..n * hidden]);
-            }
         }
         st.len += n;
         self.last_routing = routing;
