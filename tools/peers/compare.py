@@ -347,7 +347,17 @@ def in_cgroup(cmd, gb):
     return ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"] + [str(c) for c in cmd]
 
 
+def drop_caches(a):
+    """Empties the page cache before a cold measurement (`--cold`; root):
+    pages another cgroup already holds would otherwise be read for free
+    inside a memory cgroup."""
+    if a.cold:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def bench_coli(a, model, threads, prompt, forced):
+    drop_caches(a)
     targs, env = coli_threads_args(a.coli, threads)
     ids_file = a.work / "replay-ids.txt"
     if forced is not None:
@@ -366,6 +376,7 @@ def bench_coli(a, model, threads, prompt, forced):
 
 
 def bench_llama(a, model, threads, prompt, forced):
+    drop_caches(a)
     arg = {"model": str(model), "threads": threads, "prompt": prompt, "n": NEW_TOKENS, "forced": forced}
     cmd = [venv_python(a.work), "-c", LLAMA_BENCH, json.dumps(arg)]
     r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True)
@@ -507,7 +518,8 @@ def main():
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cgroup-gb", type=float, default=0, help="run each engine in a memory cgroup")
-    ap.add_argument("--coli-args", default="", help="extra coli engine flags, e.g. --int8-acts")
+    ap.add_argument("--coli-args", default="", help="extra coli engine flags, e.g. --f32-acts")
+    ap.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     ap.add_argument("--only", default="", help="subset, e.g. int8:replay (weights:workload)")
     a = ap.parse_args()
     a.work = a.work.resolve()
