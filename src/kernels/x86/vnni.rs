@@ -299,7 +299,9 @@ unsafe fn chunk_at(p: *const u8, c: usize, full: usize, nbytes: usize) -> __m512
 /// every weight chunk is loaded and split into fields once for all tokens,
 /// every activation chunk once for all rows. Each (row, token) pair keeps
 /// one accumulator fed in chunk order, so its value does not depend on
-/// `R`, `T` or where the pair sits in a tile.
+/// `R`, `T` or where the pair sits in a tile (one FMA chain per pair is
+/// fast enough: 64 weight bytes per FMA latency is far above what memory
+/// delivers).
 ///
 /// # Safety
 /// Each `rows[r]` holds `nbytes` readable bytes; every `acts[t]` was built
@@ -322,13 +324,22 @@ unsafe fn tile<const PACK: usize, const R: usize, const T: usize>(
         // partial, see `chunk_at`) and of every token's planes,
         // corrections and block scales. Prefetches never fault.
         unsafe {
-            // The rows after this tile, at the same offset, one chunk per
-            // row of the tile: into L1 a tile ahead, into L2 three tiles
-            // ahead (DRAM latency is longer than one tile's compute; the
-            // hardware prefetchers do not follow R interleaved streams).
-            for r in 0..R {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * nbytes + 64 * c).cast());
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add((2 * R + r) * nbytes + 64 * c).cast());
+            if R == 1 {
+                // One row (decode): one linear stream, prefetched 4 KiB
+                // ahead into L1 and 12 KiB ahead into L2.
+                let p = rows[0].wrapping_add(64 * c);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_L2).cast());
+            } else {
+                // The rows after this tile, at the same offset, one chunk
+                // per row of the tile: into L1 a tile ahead, into L2 three
+                // tiles ahead (DRAM latency is longer than one tile's
+                // compute; the hardware prefetchers do not follow R
+                // interleaved streams).
+                for r in 0..R {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(r * nbytes + 64 * c).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add((2 * R + r) * nbytes + 64 * c).cast());
+                }
             }
             let w: [[__m512i; PACK]; R] = rows.map(|p| fields::<PACK>(chunk_at(p, c, full, nbytes)));
             for t in 0..T {
@@ -380,7 +391,7 @@ unsafe fn tile_into<const PACK: usize, const R: usize, const T: usize>(
     }
 }
 
-/// Rows from `first` in tiles of up to 4 rows × 3 tokens.
+/// Every row against every token in tiles of up to 4 rows × 3 tokens.
 ///
 /// # Safety
 /// As [`dot_rows`].
@@ -421,8 +432,8 @@ unsafe fn tiles<const PACK: usize>(rows: &Q8Rows<'_>, acts: &[&QActs], out: &mut
 
 /// `out[t * ldo + i] = row_i · x̂_t` for consecutive rows analysed once and
 /// every token of `acts`: the integer GEMM behind both matvec and the
-/// batched prefill. Rows scaled per row go through tiles; grouped int4 rows
-/// row by row.
+/// batched prefill. Rows scaled per row go through tiles (one token: tiles
+/// of one row); grouped int4 rows through the row kernel.
 ///
 /// # Safety
 /// The CPU supports AVX-512F/BW and AVX512-VNNI; `rows` came from
@@ -435,6 +446,21 @@ pub(crate) unsafe fn dot_rows(rows: &Q8Rows<'_>, acts: &[&QActs], out: &mut [f32
                 let r = rows.row_for(i, a);
                 // SAFETY: this function's contract.
                 out[t * ldo + i] = unsafe { run(&r) };
+            }
+        }
+        return;
+    }
+    if acts.len() == 1 {
+        // One token (decode): row after row, each one linear stream; the
+        // same arithmetic as a tile, so the same values as in a batch.
+        for i in 0..rows.len() {
+            // SAFETY: this function's contract.
+            unsafe {
+                match rows.pack() {
+                    1 => tile_into::<1, 1, 1>(rows, i, acts, 0, out, ldo),
+                    2 => tile_into::<2, 1, 1>(rows, i, acts, 0, out, ldo),
+                    _ => tile_into::<4, 1, 1>(rows, i, acts, 0, out, ldo),
+                }
             }
         }
         return;
