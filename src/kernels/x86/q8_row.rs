@@ -151,6 +151,27 @@ impl<'a> Q8Rows<'a> {
         a.lanes(self.first.pack).unwrap_or(self.first.lanes)
     }
 
+    /// What a tile of rows `first..first + R` against tokens
+    /// `t0..t0 + T` reads: each row's bytes, each token's layout, and each
+    /// row's scale (applied after the tile's sums; 1 for grouped rows).
+    pub(super) fn tile_inputs<'b, const R: usize, const T: usize>(
+        &self,
+        first: usize,
+        acts: &[&'b QActs],
+        t0: usize,
+    ) -> ([*const u8; R], [&'b Lanes; T], [f32; R])
+    where
+        'a: 'b,
+    {
+        let rows: [Q8Row<'_>; R] = std::array::from_fn(|r| self.row(first + r));
+        let lanes = std::array::from_fn(|t| self.lanes_of(acts[t0 + t]));
+        let scales = rows.each_ref().map(|r| match r.scaling {
+            Scaling::Row(s) => s,
+            _ => 1.0,
+        });
+        (rows.each_ref().map(|r| r.bytes.as_ptr()), lanes, scales)
+    }
+
     /// Row `i` against activation `a` instead of the one analysed.
     pub(super) fn row_for<'b>(&self, i: usize, a: &'b QActs) -> Q8Row<'b>
     where
@@ -178,6 +199,23 @@ impl<'a> Q8Rows<'a> {
             scales,
             scaling,
             lanes: self.first.lanes,
+        }
+    }
+}
+
+/// Writes a tile's sums, each times its row's scale, to
+/// `out[(t0 + t) * ldo + first + r]`.
+pub(super) fn store_tile<const R: usize, const T: usize>(
+    v: [[f32; T]; R],
+    scales: [f32; R],
+    out: &mut [f32],
+    ldo: usize,
+    first: usize,
+    t0: usize,
+) {
+    for (r, (row, scale)) in v.iter().zip(scales).enumerate() {
+        for (t, x) in row.iter().enumerate() {
+            out[(t0 + t) * ldo + first + r] = x * scale;
         }
     }
 }

@@ -19,7 +19,7 @@
 use core::arch::x86_64::*;
 use core::ptr;
 
-use super::q8_row::{Q8Row, Q8Rows, Scaling, q8_row};
+use super::q8_row::{Q8Row, Q8Rows, Scaling, q8_row, store_tile};
 use crate::kernels::RowRef;
 use crate::kernels::q8::{Lanes, QActs, dot_ref};
 
@@ -374,21 +374,11 @@ unsafe fn tile_into<const PACK: usize, const R: usize, const T: usize>(
     out: &mut [f32],
     ldo: usize,
 ) {
-    let rs: [Q8Row<'_>; R] = std::array::from_fn(|r| rows.row(first + r));
-    let lanes: [&Lanes; T] = std::array::from_fn(|t| rows.lanes_of(acts[t0 + t]));
-    let p = rs.each_ref().map(|r| r.bytes.as_ptr());
+    let (p, lanes, scales) = rows.tile_inputs::<R, T>(first, acts, t0);
     let next = p[0].wrapping_add(R * rows.row_bytes());
     // SAFETY: this function's contract.
     let v = unsafe { tile::<PACK, R, T>(p, next, rows.row_bytes(), lanes) };
-    for (r, row) in rs.iter().enumerate() {
-        let scale = match row.scaling {
-            Scaling::Row(s) => s,
-            _ => 1.0,
-        };
-        for t in 0..T {
-            out[(t0 + t) * ldo + first + r] = v[r][t] * scale;
-        }
-    }
+    store_tile(v, scales, out, ldo, first, t0);
 }
 
 /// Every row against every token in tiles of up to 4 rows × 3 tokens.
