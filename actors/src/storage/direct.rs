@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::pread::drop_pages;
-use super::{Storage, fill_from, no_such_file, open_all};
+use super::{Storage, fill_from, no_such_file, open_all, range_end};
 use crate::buffer::{AlignedBuf, BUF_ALIGN};
 use crate::error::SourceError;
 use crate::expert::FileId;
@@ -149,12 +149,7 @@ impl Storage for DirectStorage {
         len: usize,
     ) -> std::io::Result<usize> {
         let f = self.files.get(file as usize).ok_or_else(|| no_such_file(file))?;
-        let end = at.checked_add(len).filter(|&e| e <= buf.len()).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("read of {len} bytes at {at} past a buffer of {}", buf.len()),
-            )
-        })?;
+        let end = range_end(buf, at, len)?;
         let span = len.div_ceil(BUF_ALIGN) * BUF_ALIGN;
         let in_place = offset.is_multiple_of(BUF_ALIGN as u64)
             && at.is_multiple_of(BUF_ALIGN)

@@ -49,12 +49,7 @@ pub trait Storage: Send + Sync {
         at: usize,
         len: usize,
     ) -> std::io::Result<usize> {
-        let end = at.checked_add(len).filter(|&e| e <= buf.len()).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("read of {len} bytes at {at} past a buffer of {}", buf.len()),
-            )
-        })?;
+        let end = range_end(buf, at, len)?;
         self.read_at(file, offset, &mut buf.as_mut_slice()[at..end])
     }
 
@@ -63,6 +58,17 @@ pub trait Storage: Send + Sync {
 
     /// A short name for logs and profiles ("pread", "direct", ...).
     fn kind(&self) -> &'static str;
+}
+
+/// `at + len` when `buf[at..at + len]` exists, else the error
+/// [`Storage::read_into`] returns for a range past the buffer.
+pub(crate) fn range_end(buf: &AlignedBuf, at: usize, len: usize) -> std::io::Result<usize> {
+    at.checked_add(len).filter(|&e| e <= buf.len()).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("read of {len} bytes at {at} past a buffer of {}", buf.len()),
+        )
+    })
 }
 
 /// Which backend to build and how.
