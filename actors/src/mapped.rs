@@ -351,6 +351,8 @@ impl<T: Send + Sync + 'static> MappedSource<T> {
             hits,
             misses,
             bytes_read: self.bytes_touched.load(Ordering::Relaxed),
+            // Every first use is a demand read of the mapping.
+            demand_bytes: self.bytes_touched.load(Ordering::Relaxed),
             reads: misses,
             read_ns: self.decode_ns.load(Ordering::Relaxed),
             wait_ns: self.decode_ns.load(Ordering::Relaxed),
