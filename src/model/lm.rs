@@ -52,6 +52,44 @@ pub trait SequenceState: Send {
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
+/// One sequence's share of a batched forward step: its new tokens, its
+/// state, and which of its logits to return.
+pub struct BatchItem<'a> {
+    pub tokens: &'a [u32],
+    pub state: &'a mut dyn SequenceState,
+    pub logits: Logits,
+}
+
+/// Checks that `tokens` can follow `have` positions: ids inside the
+/// vocabulary, positions inside the context. Run for every sequence before
+/// a batched step touches any state, so a bad request fails alone.
+pub fn check_tokens(tokens: &[u32], have: usize, vocab: usize, max: usize) -> Result<(), ForwardError> {
+    if have + tokens.len() > max {
+        return Err(ForwardError::Context {
+            have,
+            add: tokens.len(),
+            max,
+        });
+    }
+    match tokens.iter().position(|&id| id as usize >= vocab) {
+        Some(t) => Err(ForwardError::Token {
+            id: tokens[t],
+            pos: have + t,
+            vocab,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Rows of `logits` wanted from a sequence of `n` new tokens.
+pub fn logit_rows(logits: Logits, n: usize) -> std::ops::Range<usize> {
+    match logits {
+        Logits::None => 0..0,
+        Logits::Last => n.saturating_sub(1)..n,
+        Logits::All => 0..n,
+    }
+}
+
 /// A causal language model whose routed experts come from an expert source.
 pub trait LanguageModel: Send {
     fn vocab_size(&self) -> usize;
@@ -68,6 +106,24 @@ pub trait LanguageModel: Send {
         tag: Tag,
         logits: Logits,
     ) -> Result<Vec<f32>, ForwardError>;
+    /// Runs one step for several sequences at once (continuous batching):
+    /// every sequence's new tokens go through one pass, so each dense weight
+    /// and each routed expert is read once for all of them. A sequence's
+    /// numbers are the same as when it runs alone. Returns each item's
+    /// logits, in item order. On error the states may hold partial
+    /// positions: the caller truncates them back. Families without a batched
+    /// pass run the items one after another.
+    fn forward_batch(
+        &mut self,
+        items: &mut [BatchItem<'_>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let mut out = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            out.push(self.forward(it.tokens, &mut *it.state, tag, it.logits)?);
+        }
+        Ok(out)
+    }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>>;
     /// Bytes of resident (non-expert) weights.
     fn dense_bytes(&self) -> usize;

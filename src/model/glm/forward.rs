@@ -11,12 +11,22 @@ use super::weights::{DenseWeights, LayerWeights, Mlp};
 use crate::config::GlmConfig;
 use crate::config::glm::MlaFamily;
 use crate::model::expert::ExpertWeights;
-use crate::model::lm::{ForwardError, LanguageModel, Logits, SequenceState, fingerprint};
+use crate::model::lm::{
+    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, fingerprint, logit_rows,
+};
 use crate::model::ops::{Rope, rms_norm};
 
 /// Rows of main-model hidden states kept for the MTP head beyond what it has
 /// absorbed; older rows are dropped (the MTP cache then restarts later).
 const MAX_PENDING_ROWS: usize = 4096;
+
+/// One sequence's part of a layer: where its keys are, its cache, and the
+/// DSA selection its indexer layers made for the following shared layers.
+struct Segment<'a> {
+    span: Span,
+    cache: &'a mut LayerCache,
+    sel: &'a mut Option<Selection>,
+}
 
 /// A GLM-5 or DeepSeek-V3 model ready to run.
 pub struct Glm {
@@ -105,10 +115,26 @@ impl Glm {
         sel: &mut Option<Selection>,
         routing: &mut Vec<Vec<Routing>>,
     ) -> Result<(), ForwardError> {
+        let mut segs = [Segment { span, cache, sel }];
+        self.layer_seqs(lw, expert_layer, tag, x, &mut segs, routing)
+    }
+
+    /// One decoder layer over the rows of several sequences (back to back in
+    /// `x`, in place): attention per sequence, norms, dense MLP, router and
+    /// experts over all rows at once.
+    fn layer_seqs(
+        &self,
+        lw: &LayerWeights,
+        expert_layer: u32,
+        tag: Tag,
+        x: &mut [f32],
+        segs: &mut [Segment<'_>],
+        routing: &mut Vec<Vec<Routing>>,
+    ) -> Result<(), ForwardError> {
         let cfg = &self.cfg;
         let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
-        let n = span.n;
+        let n: usize = segs.iter().map(|s| s.span.n).sum();
         let mut xn = vec![0f32; n * hidden];
         for t in 0..n {
             rms_norm(
@@ -123,19 +149,25 @@ impl Glm {
             rope: &self.rope,
             form: self.form,
         };
-        let shared = match cfg.family() {
-            MlaFamily::GlmMoeDsa => sel.as_ref(),
-            MlaFamily::DeepseekV3 => None,
-        };
-        let (attn, own) = {
+        {
             let _s = tracing::trace_span!("attention", layer = expert_layer).entered();
-            ctx.attend(&lw.attn, &xn, span, cache, shared)
-        };
-        if own.is_some() {
-            *sel = own;
-        }
-        for (a, b) in x.iter_mut().zip(&attn) {
-            *a += b;
+            let mut row0 = 0;
+            for seg in segs.iter_mut() {
+                let m = seg.span.n;
+                let shared = match cfg.family() {
+                    MlaFamily::GlmMoeDsa => seg.sel.as_ref(),
+                    MlaFamily::DeepseekV3 => None,
+                };
+                let rows = row0 * hidden..(row0 + m) * hidden;
+                let (attn, own) = ctx.attend(&lw.attn, &xn[rows.clone()], seg.span, seg.cache, shared);
+                if own.is_some() {
+                    *seg.sel = own;
+                }
+                for (a, b) in x[rows].iter_mut().zip(&attn) {
+                    *a += b;
+                }
+                row0 += m;
+            }
         }
         // Offer the residual after this layer's attention to the pilot of
         // the next layer, as OLMoE does: the prefetch then overlaps this
@@ -184,40 +216,52 @@ impl Glm {
         tag: Tag,
         logits: Logits,
     ) -> Result<Vec<f32>, ForwardError> {
+        let mut out = self.forward_states(&mut [(tokens, st, logits)], tag)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// One pass over the new tokens of several sequences (rows back to back):
+    /// every row's numbers are independent of the others, so a sequence gets
+    /// the same logits alone or in a batch.
+    pub fn forward_states(
+        &mut self,
+        seqs: &mut [(&[u32], &mut GlmState, Logits)],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let cfg = &self.cfg;
-        let n = tokens.len();
         let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
+        for (tokens, st, _) in seqs.iter() {
+            check_tokens(tokens, st.len, cfg.vocab_size, cfg.max_position_embeddings)?;
+        }
+        let n: usize = seqs.iter().map(|(t, _, _)| t.len()).sum();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(vec![Vec::new(); seqs.len()]);
         }
-        let start = st.len;
-        if start + n > cfg.max_position_embeddings {
-            return Err(ForwardError::Context {
-                have: start,
-                add: n,
-                max: cfg.max_position_embeddings,
-            });
+        let mut x = Vec::with_capacity(n * hidden);
+        for (tokens, st, _) in seqs.iter() {
+            x.extend(self.embed(tokens, st.len)?);
         }
-        let mut x = self.embed(tokens, start)?;
         self.source.advance(tag.at_layer(0));
-        let span = Span { base: 0, start, n };
-        let mut sel: Option<Selection> = None;
+        let mut sels: Vec<Option<Selection>> = vec![None; seqs.len()];
         let mut routing = Vec::new();
         for (l, lw) in self.weights.layers.iter().enumerate() {
             let _span = tracing::trace_span!("layer", l).entered();
-            self.layer(
-                lw,
-                l as u32,
-                tag,
-                &mut x,
-                span,
-                &mut st.layers[l],
-                &mut sel,
-                &mut routing,
-            )?;
+            let mut segs: Vec<Segment<'_>> = seqs
+                .iter_mut()
+                .zip(sels.iter_mut())
+                .map(|((tokens, st, _), sel)| Segment {
+                    span: Span {
+                        base: 0,
+                        start: st.len,
+                        n: tokens.len(),
+                    },
+                    cache: &mut st.layers[l],
+                    sel,
+                })
+                .collect();
+            self.layer_seqs(lw, l as u32, tag, &mut x, &mut segs, &mut routing)?;
         }
-        st.len += n;
         self.last_routing = routing;
 
         // Final norm of every row (the MTP head reads them too).
@@ -230,22 +274,37 @@ impl Glm {
                 &mut xs[t * hidden..(t + 1) * hidden],
             );
         }
-        if self.weights.mtp.is_some() {
-            st.pending.push(start, tokens, &xs, hidden, MAX_PENDING_ROWS);
+        let mut sel_rows = Vec::new();
+        let mut counts = Vec::with_capacity(seqs.len());
+        let mut row0 = 0;
+        for (tokens, st, want) in seqs.iter_mut() {
+            let m = tokens.len();
+            let start = st.len;
+            st.len += m;
+            if self.weights.mtp.is_some() {
+                let rows = &xs[row0 * hidden..(row0 + m) * hidden];
+                st.pending.push(start, tokens, rows, hidden, MAX_PENDING_ROWS);
+            }
+            let wanted = logit_rows(*want, m);
+            counts.push(wanted.len());
+            for t in wanted {
+                sel_rows.extend_from_slice(&xs[(row0 + t) * hidden..(row0 + t + 1) * hidden]);
+            }
+            row0 += m;
         }
         let _s = tracing::trace_span!("lm_head").entered();
-        let rows: Vec<usize> = match logits {
-            Logits::None => return Ok(Vec::new()),
-            Logits::Last => vec![n - 1],
-            Logits::All => (0..n).collect(),
-        };
-        let mut sel_rows = Vec::with_capacity(rows.len() * hidden);
-        for &t in &rows {
-            sel_rows.extend_from_slice(&xs[t * hidden..(t + 1) * hidden]);
-        }
         let vocab = cfg.vocab_size;
-        let mut out = vec![0f32; rows.len() * vocab];
-        self.weights.lm_head.matmul(&sel_rows, rows.len(), &mut out);
+        let total: usize = counts.iter().sum();
+        let mut all = vec![0f32; total * vocab];
+        if total > 0 {
+            self.weights.lm_head.matmul(&sel_rows, total, &mut all);
+        }
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        for k in counts {
+            out.push(all[at * vocab..(at + k) * vocab].to_vec());
+            at += k;
+        }
         Ok(out)
     }
 
@@ -412,6 +471,22 @@ impl LanguageModel for Glm {
             .downcast_mut::<GlmState>()
             .ok_or(ForwardError::State)?;
         self.forward_glm(tokens, st, tag, logits)
+    }
+    fn forward_batch(
+        &mut self,
+        items: &mut [BatchItem<'_>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let mut seqs = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            let st = it
+                .state
+                .as_any_mut()
+                .downcast_mut::<GlmState>()
+                .ok_or(ForwardError::State)?;
+            seqs.push((it.tokens, st, it.logits));
+        }
+        self.forward_states(&mut seqs, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
         &self.source

@@ -1,4 +1,8 @@
 //! Causal multi-head attention with grouped KV heads over the KV cache.
+//!
+//! One call serves a batch of sequences: the projections run once over every
+//! new row of every sequence (each weight row is read once per step), while
+//! rope positions, the cache and the causal mask stay per sequence.
 
 use rayon::prelude::*;
 
@@ -7,17 +11,19 @@ use crate::config::OlmoeConfig;
 use crate::model::kv_cache::KvCache;
 use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace};
 
-/// Runs attention for `n` new tokens whose normalised inputs are `xn`
-/// (`[n, hidden]`) at positions `kv.len()..kv.len()+n`, appends their K/V to
-/// layer `layer` of the cache, and returns the o_proj output `[n, hidden]`.
+/// Runs attention for the new rows of several sequences. `xn` holds the
+/// normalised inputs of every sequence's new tokens back to back
+/// (`[Σ n_i, hidden]`); `seqs[i] = (n_i, cache_i)` says how many rows are
+/// sequence `i`'s and where its past is. Their K/V are appended to layer
+/// `layer` of each cache (committed by the caller after the last layer).
+/// Returns the o_proj output `[Σ n_i, hidden]`.
 pub fn attend(
     cfg: &OlmoeConfig,
     w: &LayerWeights,
     rope: &Rope,
     layer: usize,
     xn: &[f32],
-    n: usize,
-    kv: &mut KvCache,
+    seqs: &mut [(usize, &mut KvCache)],
 ) -> Vec<f32> {
     let hidden = cfg.hidden_size;
     let heads = cfg.num_attention_heads;
@@ -26,7 +32,7 @@ pub fn attend(
     let q_dim = heads * hd;
     let kv_dim = kv_heads * hd;
     let eps = cfg.rms_norm_eps as f32;
-    let start = kv.len();
+    let n: usize = seqs.iter().map(|(m, _)| *m).sum();
 
     let mut q = vec![0f32; n * q_dim];
     let mut k = vec![0f32; n * kv_dim];
@@ -44,27 +50,40 @@ pub fn attend(
             *x = x.clamp(-c, c);
         }
     }
-    for t in 0..n {
-        for h in 0..heads {
-            rope.apply_half(&mut q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd], start + t);
+    // Per row: which sequence, and its position in that sequence.
+    let mut row_seq = Vec::with_capacity(n);
+    let mut row0 = 0;
+    for (s, (m, kv)) in seqs.iter_mut().enumerate() {
+        let (m, start) = (*m, kv.len());
+        for t in 0..m {
+            let r = row0 + t;
+            for h in 0..heads {
+                rope.apply_half(&mut q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd], start + t);
+            }
+            for h in 0..kv_heads {
+                rope.apply_half(&mut k[r * kv_dim + h * hd..r * kv_dim + (h + 1) * hd], start + t);
+            }
+            row_seq.push((s, start + t));
         }
-        for h in 0..kv_heads {
-            rope.apply_half(&mut k[t * kv_dim + h * hd..t * kv_dim + (h + 1) * hd], start + t);
-        }
+        kv.k[layer].extend_from_slice(&k[row0 * kv_dim..(row0 + m) * kv_dim]);
+        kv.v[layer].extend_from_slice(&v[row0 * kv_dim..(row0 + m) * kv_dim]);
+        row0 += m;
     }
-    kv.k[layer].extend_from_slice(&k);
-    kv.v[layer].extend_from_slice(&v);
-    let keys = &kv.k[layer];
-    let vals = &kv.v[layer];
+    let caches: Vec<(&[f32], &[f32])> = seqs
+        .iter()
+        .map(|(_, kv)| (kv.k[layer].as_slice(), kv.v[layer].as_slice()))
+        .collect();
 
     let group = heads / kv_heads;
     let scale = (hd as f32).powf(-0.5);
     let mut ctx = vec![0f32; n * q_dim];
     ctx.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
         let (t, h) = (i / heads, i % heads);
+        let (s, pos) = row_seq[t];
+        let (keys, vals) = caches[s];
         let kvh = h / group;
         let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-        let visible = start + t + 1;
+        let visible = pos + 1;
         let mut scores: Vec<f32> = (0..visible)
             .map(|p| {
                 let kr = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];

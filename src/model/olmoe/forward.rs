@@ -11,7 +11,9 @@ use super::weights::DenseWeights;
 use crate::config::OlmoeConfig;
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;
-use crate::model::lm::{ForwardError, LanguageModel, Logits, SequenceState, fingerprint};
+use crate::model::lm::{
+    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, fingerprint, logit_rows,
+};
 use crate::model::ops::{Rope, rms_norm};
 
 /// An OLMoE model ready to run: resident weights plus a source of experts.
@@ -57,33 +59,37 @@ impl Olmoe {
         tag: Tag,
         logits: Logits,
     ) -> Result<Vec<f32>, ForwardError> {
+        let mut out = self.forward_seqs(&mut [(tokens, kv, logits)], tag)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// One pass over the new tokens of several sequences (rows back to back):
+    /// norms, projections, router and experts run over all rows at once,
+    /// attention per sequence. Every row's numbers are independent of the
+    /// others, so a sequence gets the same logits alone or in a batch.
+    pub fn forward_seqs(
+        &mut self,
+        seqs: &mut [(&[u32], &mut KvCache, Logits)],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let cfg = &self.cfg;
         let w = &self.weights;
-        let n = tokens.len();
         let hidden = cfg.hidden_size;
         let eps = cfg.rms_norm_eps as f32;
-        if n == 0 {
-            return Ok(Vec::new());
+        for (tokens, kv, _) in seqs.iter() {
+            check_tokens(tokens, kv.len(), cfg.vocab_size, cfg.max_position_embeddings)?;
         }
-        if kv.len() + n > cfg.max_position_embeddings {
-            return Err(ForwardError::Context {
-                have: kv.len(),
-                add: n,
-                max: cfg.max_position_embeddings,
-            });
+        let n: usize = seqs.iter().map(|(t, _, _)| t.len()).sum();
+        if n == 0 {
+            return Ok(vec![Vec::new(); seqs.len()]);
         }
         let mut x = vec![0f32; n * hidden];
-        for (t, &id) in tokens.iter().enumerate() {
-            if id as usize >= cfg.vocab_size {
-                return Err(ForwardError::Token {
-                    id,
-                    pos: kv.len() + t,
-                    vocab: cfg.vocab_size,
-                });
-            }
+        for (t, &id) in seqs.iter().flat_map(|(t, _, _)| t.iter()).enumerate() {
             w.embed
                 .dequantize_row(id as usize, &mut x[t * hidden..(t + 1) * hidden]);
         }
+        let mut parts: Vec<(usize, &mut KvCache)> =
+            seqs.iter_mut().map(|(t, kv, _)| (t.len(), &mut **kv)).collect();
         self.source.advance(tag.at_layer(0));
         let mut routing = Vec::with_capacity(cfg.num_hidden_layers);
         let mut xn = vec![0f32; n * hidden];
@@ -99,7 +105,7 @@ impl Olmoe {
             }
             let attn = {
                 let _s = tracing::trace_span!("attention", layer = l).entered();
-                attend(cfg, lw, &self.rope, l, &xn, n, kv)
+                attend(cfg, lw, &self.rope, l, &xn, &mut parts)
             };
             for (a, b) in x.iter_mut().zip(&attn) {
                 *a += b;
@@ -128,15 +134,19 @@ impl Olmoe {
             )?;
             routing.push(routes);
         }
-        kv.commit(n);
+        for (m, kv) in parts.iter_mut() {
+            kv.commit(*m);
+        }
         self.last_routing = routing;
 
         let _s = tracing::trace_span!("lm_head").entered();
-        let rows: Vec<usize> = match logits {
-            Logits::None => return Ok(Vec::new()),
-            Logits::Last => vec![n - 1],
-            Logits::All => (0..n).collect(),
-        };
+        // The wanted rows of every sequence, normalised, through one matmul.
+        let mut rows = Vec::new();
+        let mut row0 = 0;
+        for (tokens, _, want) in seqs.iter() {
+            rows.extend(logit_rows(*want, tokens.len()).map(|t| row0 + t));
+            row0 += tokens.len();
+        }
         let vocab = cfg.vocab_size;
         let mut xs = vec![0f32; rows.len() * hidden];
         for (i, &t) in rows.iter().enumerate() {
@@ -147,8 +157,17 @@ impl Olmoe {
                 &mut xs[i * hidden..(i + 1) * hidden],
             );
         }
-        let mut out = vec![0f32; rows.len() * vocab];
-        w.lm_head.matmul(&xs, rows.len(), &mut out);
+        let mut all = vec![0f32; rows.len() * vocab];
+        if !rows.is_empty() {
+            w.lm_head.matmul(&xs, rows.len(), &mut all);
+        }
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        for (tokens, _, want) in seqs.iter() {
+            let k = logit_rows(*want, tokens.len()).len();
+            out.push(all[at * vocab..(at + k) * vocab].to_vec());
+            at += k;
+        }
         Ok(out)
     }
 }
@@ -210,6 +229,22 @@ impl LanguageModel for Olmoe {
             .downcast_mut::<KvCache>()
             .ok_or(ForwardError::State)?;
         Olmoe::forward(self, tokens, kv, tag, logits)
+    }
+    fn forward_batch(
+        &mut self,
+        items: &mut [BatchItem<'_>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let mut seqs = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            let kv = it
+                .state
+                .as_any_mut()
+                .downcast_mut::<KvCache>()
+                .ok_or(ForwardError::State)?;
+            seqs.push((it.tokens, kv, it.logits));
+        }
+        self.forward_seqs(&mut seqs, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
         &self.source
