@@ -15,6 +15,7 @@ pub mod fuzz;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod runtime;
 pub mod sampling;
 pub mod serve;
 pub mod st;

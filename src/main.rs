@@ -18,26 +18,31 @@ fn main() -> ExitCode {
         .engine_args()
         .and_then(|a| a.threads)
         .map(|t| t as usize);
-    // The command itself runs on one of the compute threads, so the thread
-    // that drives a forward pass also takes its share of every matmul
-    // instead of sleeping while the others work.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.unwrap_or(0))
-        .stack_size(16 << 20)
-        .thread_name(|i| format!("coli-compute-{i}"))
-        .build();
-    let command = move || match cli.command {
-        Command::Run(a) => run::run(a).map(|_| true),
-        Command::Validate(a) => validate::run(a),
-        Command::Convert(a) => convert::run(a).map(|_| true),
+    let result = match cli.command {
+        // Served commands run on the decode-loop and compute actors, which
+        // own their threads (the compute pool is the compute actor's).
         Command::Serve(a) => serve::run(a).map(|_| true),
         Command::Chat(a) => chat::run(a).map(|_| true),
-        Command::Synth(a) => synth::run(a).map(|_| true),
-        Command::Bench(a) => bench::run(a),
-    };
-    let result = match pool {
-        Ok(pool) => pool.install(command),
-        Err(e) => Err(anyhow::anyhow!("cannot start the compute threads: {e}")),
+        // The command itself runs on one of the compute threads, so the
+        // thread that drives a forward pass also takes its share of every
+        // matmul instead of sleeping while the others work.
+        command => match rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.unwrap_or(0))
+            .stack_size(16 << 20)
+            .thread_name(|i| format!("coli-compute-{i}"))
+            .build()
+        {
+            Ok(pool) => pool.install(move || match command {
+                Command::Run(a) => run::run(a).map(|_| true),
+                Command::Validate(a) => validate::run(a),
+                Command::Convert(a) => convert::run(a).map(|_| true),
+                Command::Synth(a) => synth::run(a).map(|_| true),
+                Command::Bench(a) => bench::run(a),
+                Command::Serve(a) => serve::run(a).map(|_| true),
+                Command::Chat(a) => chat::run(a).map(|_| true),
+            }),
+            Err(e) => Err(anyhow::anyhow!("cannot start the compute threads: {e}")),
+        },
     };
     // The trace is complete only now; a failed write is an error like any other.
     let result = match (result, telemetry.finish()) {

@@ -12,8 +12,9 @@ use clap::Args;
 use super::serve::{check_sampling, context_len};
 use super::{EngineArgs, ModelArg};
 use crate::chat_template::ChatMessage;
-use crate::engine::{Engine, EngineServer, SlotOptions};
-use crate::serve::{GenParams, ServeEngine};
+use crate::engine::Engine;
+use crate::runtime::{DecodeLoop, LoopConfig};
+use crate::serve::{GenParams, LoopServer, ServeEngine};
 
 /// Positions kept free at the end of the context (as `coli serve`).
 const CTX_RESERVE: usize = 8;
@@ -45,7 +46,7 @@ pub struct ChatArgs {
 
 /// One conversation on slot 0 of an [`EngineServer`].
 struct Chat {
-    server: EngineServer,
+    server: LoopServer,
     history: Vec<ChatMessage>,
     max_ctx: usize,
     params: GenParams,
@@ -156,14 +157,15 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let engine =
         Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
-    let slot_opts = SlotOptions {
-        kv_slots: 1,
+    let loop_cfg = LoopConfig {
+        slots: 1,
         max_ctx,
-        top_k: args.top_k,
-        state_dir: None,
+        threads: args.engine.threads.map(|t| t as usize),
+        ..LoopConfig::default()
     };
-    let server = EngineServer::new(engine, &slot_opts, Box::new(std::io::stderr()))
+    let decode = DecodeLoop::spawn(engine, &loop_cfg, Box::new(std::io::stderr()))
         .with_context(|| format!("preparing {} for chat", dir.display()))?;
+    let server = LoopServer::new(decode.handle(), args.top_k).context("starting the decode loop")?;
     let mut chat = Chat {
         server,
         history: Vec::new(),
@@ -205,5 +207,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         }
     }
     out.flush()?;
+    drop(chat);
+    decode.shutdown().context("stopping the decode loop")?;
     Ok(())
 }

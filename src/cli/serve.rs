@@ -7,9 +7,10 @@ use anyhow::Context;
 use clap::Args;
 
 use super::{EngineArgs, ModelArg};
+use crate::engine::Engine;
 use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
-use crate::engine::{Engine, EngineServer, SlotOptions};
-use crate::serve::{MAX_KV_SLOTS, ServeConfig, run_serve};
+use crate::runtime::{DecodeLoop, LoopConfig};
+use crate::serve::{LoopServer, MAX_KV_SLOTS, ServeConfig, run_serve};
 
 /// Upper bound of the default context, so a model advertising a huge
 /// window does not reserve memory for it unless asked (`--ctx`).
@@ -119,14 +120,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     opts.kv_slots = kv_slots;
     let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
-    let slot_opts = SlotOptions {
-        kv_slots,
+    let state_dir = state_dir(&args, engine.state_fingerprint())?;
+    let loop_cfg = LoopConfig {
+        slots: kv_slots,
         max_ctx,
-        top_k: args.top_k,
-        state_dir: state_dir(&args, engine.state_fingerprint())?,
+        threads: args.engine.threads.map(|t| t as usize),
+        state_dir: state_dir.clone(),
+        ..LoopConfig::default()
     };
-    let mut server = EngineServer::new(engine, &slot_opts, Box::new(std::io::stderr()))
+    let decode = DecodeLoop::spawn(engine, &loop_cfg, Box::new(std::io::stderr()))
         .with_context(|| format!("preparing {} for serving", dir.display()))?;
+    let mut server = LoopServer::new(decode.handle(), args.top_k).context("starting the decode loop")?;
     let cfg = ServeConfig {
         kv_slots,
         max_tokens: args.max_tokens,
@@ -136,7 +140,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         seed: args.seed,
         ..ServeConfig::default()
     };
-    let saving = match (server.saving(), &slot_opts.state_dir) {
+    let saving = match (server.handle().info().saving, &state_dir) {
         (true, Some(d)) => format!("saving to {}", d.display()),
         _ => "saving off".to_string(),
     };
@@ -151,5 +155,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let served = run_serve(stdin, &mut out, &mut diag, &mut server, &cfg);
     out.flush().context("writing the reply stream")?;
     served.context("serving")?;
+    decode.shutdown().context("stopping the decode loop")?;
     Ok(())
 }

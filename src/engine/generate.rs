@@ -43,7 +43,7 @@ pub struct Session {
     pub kv: Box<dyn SequenceState>,
     pub tokens: Vec<u32>,
     /// Logits after the last token in `tokens`, when known.
-    pub(super) last_logits: Option<Vec<f32>>,
+    pub last_logits: Option<Vec<f32>>,
     /// Speculative decoding for greedy generation (off when `None`).
     pub spec: Option<Speculator>,
 }

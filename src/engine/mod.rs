@@ -4,14 +4,12 @@
 mod generate;
 mod options;
 pub mod profile;
-mod serve_engine;
 mod slot_store;
 pub mod speculative;
 pub mod state;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::{EngineOptions, Placement};
-pub use serve_engine::{EngineServer, LastCall, ServeEngineError, SlotOptions, template_family};
 pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 
 use std::path::{Path, PathBuf};
@@ -382,4 +380,16 @@ pub fn stop_ids(dir: &Path, config_eos: Vec<u32>) -> Vec<u32> {
         .map(|v| crate::config::token_ids(v.get("eos_token_id")))
         .unwrap_or_default();
     if from_gen.is_empty() { config_eos } else { from_gen }
+}
+
+/// The built-in chat template family for a model directory's `model_type`.
+pub fn template_family(dir: &Path) -> crate::chat_template::Family {
+    use crate::chat_template::Family;
+    let model_type = crate::config::read_json(dir)
+        .ok()
+        .and_then(|(_, v)| v.get("model_type").and_then(|t| t.as_str()).map(str::to_string));
+    match model_type.as_deref() {
+        Some("glm_moe_dsa" | "deepseek_v3") => Family::Glm,
+        _ => Family::Olmoe,
+    }
 }

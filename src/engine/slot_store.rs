@@ -172,6 +172,11 @@ impl SlotStore {
         self.handle.flush()
     }
 
+    /// Waits until everything queued is on disk.
+    pub fn flush(&mut self) -> Result<(), KvError> {
+        self.handle.flush()
+    }
+
     /// Keeps the first `len` positions of `slot` on disk. Never blocks.
     pub fn truncate(&mut self, slot: usize, len: usize) -> Result<(), KvError> {
         if let Some(done) = self.persisted.get_mut(slot)

@@ -44,11 +44,13 @@
 
 mod error;
 pub mod frame;
+mod loop_engine;
 pub mod reply;
 mod rss;
 mod session;
 
 pub use error::ServeError;
 pub use frame::{Frame, FrameLimits, FrameReader, MAX_PROMPT_BYTES};
+pub use loop_engine::{LastCall, LoopServer, LoopServerError};
 pub use rss::rss_gb;
 pub use session::{GenOutcome, GenParams, MAX_KV_SLOTS, ServeConfig, ServeEngine, run_serve};

@@ -12,7 +12,7 @@ use crate::chat_template::ChatMessage;
 /// Positions kept free at the end of the context (upstream's margin).
 const CTX_RESERVE: usize = 8;
 /// Most KV slots a server may have (upstream's `KV_SLOTS` range).
-pub const MAX_KV_SLOTS: usize = 16;
+pub const MAX_KV_SLOTS: usize = crate::runtime::MAX_SLOTS;
 
 /// Server-wide settings (flags and defaults), fixed for the session.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,0 +1,113 @@
+//! A request admitted into a slot: its sampler, stop rules, streaming text
+//! decoder and counters. Turning logits into the next event happens here.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use colibri_actors::SourceStats;
+
+use crate::runtime::request::{Event, Finish, FinishReason, RequestId, Usage};
+use crate::runtime::stop::StopMatcher;
+use crate::sampling::Sampler;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+pub struct Active {
+    pub id: RequestId,
+    pub slot: usize,
+    pub events: flume::Sender<Event>,
+    pub sampler: Sampler,
+    pub stop: StopMatcher,
+    pub detok: StreamDecoder,
+    /// Most tokens to sample (`max_tokens` cut by the context).
+    pub budget: usize,
+    pub generated: usize,
+    pub emitted: usize,
+    pub usage: Usage,
+    pub started: Instant,
+    pub first_token_secs: Option<f64>,
+    pub stats_before: SourceStats,
+    /// Cancelled while lent to a step: finished when the step returns.
+    pub cancelled: bool,
+}
+
+/// What sampling one token decided.
+pub enum Next {
+    /// Keep decoding (the token was pushed to the history).
+    Continue,
+    /// The request is over.
+    Finished(FinishReason, bool),
+}
+
+impl Active {
+    /// Samples from `logits`, appends the token to `history` (computed at
+    /// the next step, or at the next request on this slot), streams its
+    /// text and applies the stop rules.
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        history: &mut Vec<u32>,
+        stop_ids: &[u32],
+        tok: &Arc<Tokenizer>,
+    ) -> Next {
+        let id = self.sampler.sample(logits);
+        self.generated += 1;
+        self.usage.completion_tokens += 1;
+        if self.first_token_secs.is_none() {
+            self.first_token_secs = Some(self.started.elapsed().as_secs_f64());
+        }
+        history.push(id);
+        if stop_ids.contains(&id) {
+            let rest = self.stop.finish();
+            self.send_text(rest, Vec::new());
+            return Next::Finished(FinishReason::Stop, false);
+        }
+        self.emitted += 1;
+        let piece = match self.detok.push(tok, id) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("request {}: token {id} does not decode: {e}", self.id);
+                String::new()
+            }
+        };
+        let released = self.stop.push(&piece);
+        self.send_text(released.text, vec![id]);
+        if released.stopped {
+            return Next::Finished(FinishReason::Stop, false);
+        }
+        if self.generated >= self.budget {
+            let rest = self.stop.finish();
+            self.send_text(rest, Vec::new());
+            return Next::Finished(FinishReason::Length, true);
+        }
+        Next::Continue
+    }
+
+    fn send_text(&mut self, text: String, tokens: Vec<u32>) {
+        if text.is_empty() && tokens.is_empty() {
+            return;
+        }
+        if self.events.send(Event::Text { text, tokens }).is_err() {
+            // The reader is gone: nobody wants the rest.
+            self.cancelled = true;
+        }
+    }
+
+    /// The closing record.
+    pub fn finish(&self, reason: FinishReason, length_limited: bool, after: SourceStats) -> Finish {
+        let hits = after.hits.saturating_sub(self.stats_before.hits);
+        let misses = after.misses.saturating_sub(self.stats_before.misses);
+        Finish {
+            reason,
+            usage: self.usage,
+            emitted: self.emitted,
+            length_limited,
+            first_token_secs: self.first_token_secs.unwrap_or(0.0),
+            total_secs: self.started.elapsed().as_secs_f64(),
+            hit_pct: if hits + misses == 0 {
+                0.0
+            } else {
+                100.0 * hits as f64 / (hits + misses) as f64
+            },
+        }
+    }
+}

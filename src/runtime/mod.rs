@@ -1,0 +1,18 @@
+//! The serving runtime: the decode-loop actor (sessions, admission,
+//! sampling, stop rules) and the layer-compute actor (weights, compute
+//! threads, one batched forward step at a time). Front ends submit
+//! [`GenRequest`]s through a [`LoopHandle`] and read [`Event`]s back; the
+//! engine below never depends on a front end.
+
+pub mod compute;
+pub mod decode_loop;
+pub mod request;
+pub mod stop;
+
+pub use decode_loop::{
+    DecodeLoop, LoopConfig, LoopError, LoopHandle, MetricsSnapshot, ModelInfo, RequestStream,
+};
+pub use request::{
+    Event, Finish, FinishReason, GenRequest, MAX_SLOTS, PromptMode, RequestError, RequestId, SlotChoice,
+    Usage,
+};
