@@ -401,15 +401,17 @@ impl LoopActor {
             FinishReason::Cancelled => Metrics::add(&self.metrics.cancelled, 1),
             _ => Metrics::add(&self.metrics.completed, 1),
         }
-        let _ = a.events.send(Event::Done(finish));
         self.slots[a.slot].owner = None;
+        self.publish_gauges();
+        let _ = a.events.send(Event::Done(finish));
     }
 
     fn fail(&mut self, i: usize, err: RequestError) {
         let a = self.active.remove(i);
         Metrics::add(&self.metrics.failed, 1);
-        let _ = a.events.send(Event::Failed(err));
         self.slots[a.slot].owner = None;
+        self.publish_gauges();
+        let _ = a.events.send(Event::Failed(err));
     }
 
     /// Samples request `i`'s next token from `logits` (None: the session's
