@@ -53,6 +53,7 @@ fn fresh_seed() -> u64 {
 
 impl LoopServer {
     pub fn new(handle: LoopHandle, top_k: usize) -> Result<Self, LoopServerError> {
+        handle.info().tokenizer()?;
         let slots = handle.info().slots;
         let mirror = (0..slots)
             .map(|s| handle.slot_tokens(s))
@@ -86,7 +87,7 @@ impl ServeEngine for LoopServer {
     type Error = LoopServerError;
 
     fn tokenize(&self, text: &str) -> Result<Vec<u32>, Self::Error> {
-        Ok(self.handle.info().tokenizer.encode(text)?)
+        Ok(self.handle.info().tokenizer()?.encode(text)?)
     }
 
     fn render_user_turn(&self, history: &[ChatMessage], user_text: &str) -> Result<String, Self::Error> {

@@ -1,7 +1,6 @@
 //! A request admitted into a slot: its sampler, stop rules, streaming text
 //! decoder and counters. Turning logits into the next event happens here.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use colibri_actors::SourceStats;
@@ -47,7 +46,7 @@ impl Active {
         logits: &[f32],
         history: &mut Vec<u32>,
         stop_ids: &[u32],
-        tok: &Arc<Tokenizer>,
+        tok: Option<&Tokenizer>,
     ) -> Next {
         let id = self.sampler.sample(logits);
         self.generated += 1;
@@ -62,12 +61,13 @@ impl Active {
             return Next::Finished(FinishReason::Stop, false);
         }
         self.emitted += 1;
-        let piece = match self.detok.push(tok, id) {
-            Ok(p) => p,
-            Err(e) => {
+        let piece = match tok.map(|t| self.detok.push(t, id)) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => {
                 tracing::warn!("request {}: token {id} does not decode: {e}", self.id);
                 String::new()
             }
+            None => String::new(),
         };
         let released = self.stop.push(&piece);
         self.send_text(released.text, vec![id]);

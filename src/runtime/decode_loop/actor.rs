@@ -50,7 +50,7 @@ pub(super) struct LoopActor {
     pub limits: Limits,
     pub compute: Option<ComputeHandle>,
     pub source: Arc<dyn ExpertSource<ExpertWeights>>,
-    pub tokenizer: Arc<Tokenizer>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
     pub stop_ids: Vec<u32>,
     pub slots: Vec<Slot>,
     pub store: Option<SlotStore>,
@@ -434,7 +434,7 @@ impl LoopActor {
             self.end(i, FinishReason::Length, true);
             return;
         }
-        let next = a.sample(&l, &mut session.tokens, &self.stop_ids, &self.tokenizer);
+        let next = a.sample(&l, &mut session.tokens, &self.stop_ids, self.tokenizer.as_deref());
         Metrics::add(&self.metrics.generated_tokens, 1);
         let cancelled = a.cancelled;
         match next {

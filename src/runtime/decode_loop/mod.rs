@@ -71,7 +71,8 @@ pub struct ModelInfo {
     /// The model directory's name (what `/v1/models` lists).
     pub name: String,
     pub dir: PathBuf,
-    pub tokenizer: Arc<Tokenizer>,
+    /// None for models without tokenizer.json (see [`ModelInfo::tokenizer`]).
+    pub tokenizer: Option<Arc<Tokenizer>>,
     pub template: ChatTemplate,
     pub max_ctx: usize,
     pub vocab: usize,
@@ -79,6 +80,15 @@ pub struct ModelInfo {
     /// True when conversations are saved to state files.
     pub saving: bool,
     pub stop_ids: Vec<u32>,
+}
+
+impl ModelInfo {
+    /// The tokenizer, or an error naming the missing file.
+    pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>, TokenizerError> {
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| TokenizerError::Missing(self.dir.join("tokenizer.json")))
+    }
 }
 
 /// Why the loop could not start.
@@ -116,12 +126,9 @@ impl DecodeLoop {
             return Err(LoopError::SlotCount(cfg.slots));
         }
         let mut engine = engine;
-        let tokenizer = Arc::new(
-            engine
-                .tokenizer
-                .take()
-                .ok_or_else(|| TokenizerError::Missing(engine.dir.join("tokenizer.json")))?,
-        );
+        // Without a tokenizer the loop streams token ids only (benchmarks
+        // on synthetic models); text front ends refuse such a model.
+        let tokenizer = engine.tokenizer.take().map(Arc::new);
         let cfg_path = engine.dir.join("tokenizer_config.json");
         let family = template_family(&engine.dir);
         let template = if cfg_path.is_file() {
