@@ -271,6 +271,39 @@ fn a_new_generation_cancels_the_waiting_fetch_and_queued_prefetches() {
     });
 }
 
+/// A key pinned while a prefetch of it is still queued stays wanted when
+/// that prefetch goes stale: the worker skips the prefetch and the pin loads
+/// the expert anyway.
+#[test]
+fn a_pin_outlives_the_stale_prefetch_it_joined() {
+    with_timeout(GUARD_SECS, || {
+        let fx = Fixture::new(2, 16);
+        let g = Gated::new(&fx);
+        let step = Tag::new(1, 1, 0);
+        g.src.advance(step);
+        // The one worker holds a pin's read at the gate.
+        let first = ExpertKey::new(0, 0);
+        g.src.pin(&[first]);
+        g.entered.recv().expect("the pin's read reaches the disk");
+        // Prefetches of layer 1 queue behind it; one of them gets pinned.
+        let residual = common::residual(3, 1, 1, fx.experts, 4);
+        g.predict(step.at_layer(1), &residual);
+        let pinned = keys(1, &TopK.predict(1, &residual, 4))[0];
+        g.src.pin(&[pinned]);
+        // The next step makes the prefetches stale; the pinned one is spared.
+        let next = Tag::new(1, 2, 0);
+        g.src.advance(next);
+        assert_eq!(g.profile().loads_cancelled, 3);
+        g.open();
+        eventually("both pinned experts are resident", || {
+            g.profile().cache_entries == 2
+        });
+        fetch_checked(g.src.as_ref(), &fx, next.at_layer(1), &[pinned]).expect("fetch");
+        let p = g.profile();
+        assert_eq!((p.hits, p.misses), (1, 0), "{p:?}");
+    });
+}
+
 #[test]
 fn cancelled_queued_reads_are_never_issued() {
     with_timeout(GUARD_SECS, || {

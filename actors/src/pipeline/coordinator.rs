@@ -397,6 +397,11 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                     .is_some_and(|f| f.load_id == load_id && !f.demand_sent)
                 {
                     self.inflight.remove(&key);
+                    // A stale prefetch of a key pinned since it was queued:
+                    // the pin still wants it loaded.
+                    if self.pins.contains(&key) && !self.cache.pin_resident(key) {
+                        self.submit_background(key, self.now(), true);
+                    }
                 }
             }
             IoEvent::Loaded {
@@ -598,8 +603,9 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             if self.cache.pin_resident(key) {
                 continue;
             }
-            // A load already in flight is kept for the pin (`on_advance`
-            // spares pinned keys).
+            // A load already in flight is kept for the pin: `on_advance`
+            // spares pinned keys, and a stale prefetch the workers skip is
+            // requeued as a pin's load (`on_io`).
             if !self.inflight.contains_key(&key) {
                 self.submit_background(key, self.now(), true);
             }
