@@ -30,4 +30,4 @@ pub use pilot::Predictor;
 pub use pipeline::{PipelineConfig, PipelineProfile, PipelineSource};
 pub use source::{BlockingSource, ExpertBatchSink, ExpertDecoder, ExpertSink, ExpertSource, SourceStats};
 pub use storage::{SimSpec, SimSpecError, Storage, StorageOptions};
-pub use tag::Tag;
+pub use tag::{Tag, TagClock, TagClockReader};

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use colibri_actors::{ExpertKey, ExpertSource, PipelineConfig, PipelineSource, SourceError, Tag};
+use colibri_actors::{
+    ExpertKey, ExpertSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor, SourceError, Tag,
+};
 use common::{ControlledStorage, Fixture, MockExpert, TopK, fetch_checked, with_timeout};
 
 fn keys(layer: u32, es: &[u32]) -> Vec<ExpertKey> {
@@ -123,6 +125,182 @@ fn cancellation_is_prompt_and_stale_results_are_dropped() {
             let _ = open.send(());
         }
         fetch_checked(src.as_ref(), &fx, Tag::new(2, 0, 0), &keys(0, &[5])).expect("fetch");
+    });
+}
+
+/// [`TopK`] that reports each prediction it makes. The pilot hands a
+/// prediction to the coordinator before it starts the next one, so once a
+/// second prediction has been reported, the first is in the coordinator's
+/// inbox ahead of anything the test sends afterwards.
+struct Reporting(crossbeam_channel::Sender<()>);
+
+impl Predictor for Reporting {
+    fn predict(&self, layer: u32, residual: &[f32], k: usize) -> Vec<u32> {
+        let experts = TopK.predict(layer, residual, k);
+        let _ = self.0.send(());
+        experts
+    }
+}
+
+/// A pipeline with one I/O worker whose disk holds every read until the test
+/// sends a token on the returned gate, and reports every read reaching it;
+/// its pilot predicts four experts and reports each prediction.
+struct Gated {
+    src: Arc<PipelineSource<MockExpert>>,
+    storage: Arc<ControlledStorage>,
+    open: crossbeam_channel::Sender<()>,
+    entered: crossbeam_channel::Receiver<()>,
+    predicted: crossbeam_channel::Receiver<()>,
+}
+
+impl Gated {
+    fn new(fx: &Fixture) -> Self {
+        let (open, gate) = crossbeam_channel::unbounded();
+        let (entered_tx, entered) = crossbeam_channel::unbounded();
+        let storage = Arc::new(ControlledStorage {
+            notify: Some(entered_tx),
+            ..ControlledStorage::new(fx.pread(), Some(gate))
+        });
+        let (predicted_tx, predicted) = crossbeam_channel::unbounded();
+        let cfg = PipelineConfig {
+            io_workers: 1,
+            pilot_k: 4,
+            ..PipelineConfig::default()
+        };
+        let src = PipelineSource::with_storage(
+            fx.map.clone(),
+            storage.clone(),
+            fx.decoder(),
+            Some(Arc::new(Reporting(predicted_tx))),
+            cfg,
+        )
+        .expect("open");
+        Self {
+            src: Arc::new(src),
+            storage,
+            open,
+            entered,
+            predicted,
+        }
+    }
+
+    /// Offers `residual` for `tag` twice and returns once the first
+    /// prediction is in the coordinator's inbox (see [`Reporting`]); the
+    /// second is identical, so it queues nothing more whenever it arrives.
+    fn predict(&self, tag: Tag, residual: &[f32]) {
+        for _ in 0..2 {
+            self.src.pilot(tag, residual);
+        }
+        for _ in 0..2 {
+            self.predicted.recv().expect("a prediction");
+        }
+    }
+
+    /// Lets every read through from now on.
+    fn open(&self) {
+        for _ in 0..256 {
+            let _ = self.open.send(());
+        }
+    }
+
+    fn profile(&self) -> PipelineProfile {
+        self.src.profile()
+    }
+}
+
+/// Cancelling a request is announcing a new generation. A fetch waiting on
+/// a disk that does not answer (a gate: slower than any disk, and no clock
+/// involved) gets `Cancelled` while its read is still stuck; the prefetches
+/// queued for the old generation are never read; the new generation is
+/// served correct experts.
+#[test]
+fn a_new_generation_cancels_the_waiting_fetch_and_queued_prefetches() {
+    with_timeout(GUARD_SECS, || {
+        let fx = Fixture::new(2, 16);
+        let g = Gated::new(&fx);
+        let old = Tag::new(1, 1, 0);
+        g.src.advance(old);
+        // The one worker starts this fetch's read; the disk holds it.
+        let demanded = ExpertKey::new(0, 5);
+        let waiter = {
+            let s = g.src.clone();
+            std::thread::spawn(move || s.fetch(old, &[demanded], &mut |_, _| Ok(())))
+        };
+        g.entered.recv().expect("the demand read reaches the disk");
+        // Layer 1's prediction queues four prefetches behind it.
+        let residual = common::residual(7, 1, 1, fx.experts, 4);
+        g.predict(old.at_layer(1), &residual);
+        let prefetched = keys(1, &TopK.predict(1, &residual, 4));
+        // Another thread cancels the request.
+        let new = Tag::new(2, 0, 0);
+        let s = g.src.clone();
+        std::thread::spawn(move || s.advance(new))
+            .join()
+            .expect("advance");
+        // Nothing has passed the gate: the fetch returned without its read.
+        let r = waiter.join().expect("waiter");
+        assert!(matches!(r, Err(SourceError::Cancelled)), "{:?}", r.err());
+        assert_eq!(g.storage.log.lock().len(), 0);
+        // `advance` returns after the coordinator handled it: the queued
+        // prefetches are cancelled already.
+        let p = g.profile();
+        assert_eq!((p.cancelled, p.loads_cancelled), (1, 4), "{p:?}");
+        // The disk answers again. The new generation gets correct experts,
+        // the stuck read's result is discarded, and the worker drops the
+        // cancelled prefetches without reading them.
+        g.open();
+        let ks = [demanded, prefetched[0]];
+        fetch_checked(g.src.as_ref(), &fx, new, &ks).expect("the new generation is served");
+        eventually("the cancelled prefetches are dropped", || {
+            g.profile().prefetch_skipped == 4
+        });
+        eventually("the stuck read is discarded", || g.profile().stale_discarded == 1);
+        let p = g.profile();
+        assert_eq!((p.prefetch_loads, p.prefetch_bytes), (0, 0), "{p:?}");
+        assert_eq!(p.bytes_read, p.demand_bytes, "{p:?}");
+        // Every read belongs to an expert some fetch asked for.
+        let asked: Vec<(u32, u64)> = ks
+            .iter()
+            .flat_map(|&k| fx.map.extent(k).expect("extent").pieces.clone())
+            .map(|piece| (piece.file, piece.offset))
+            .collect();
+        for read in g.storage.log.lock().iter() {
+            assert!(asked.contains(read), "read {read:?} belongs to no fetched expert");
+        }
+        assert_eq!(g.profile().cache_entries, 2);
+    });
+}
+
+/// A key pinned while a prefetch of it is still queued stays wanted when
+/// that prefetch goes stale: the worker skips the prefetch and the pin loads
+/// the expert anyway.
+#[test]
+fn a_pin_outlives_the_stale_prefetch_it_joined() {
+    with_timeout(GUARD_SECS, || {
+        let fx = Fixture::new(2, 16);
+        let g = Gated::new(&fx);
+        let step = Tag::new(1, 1, 0);
+        g.src.advance(step);
+        // The one worker holds a pin's read at the gate.
+        let first = ExpertKey::new(0, 0);
+        g.src.pin(&[first]);
+        g.entered.recv().expect("the pin's read reaches the disk");
+        // Prefetches of layer 1 queue behind it; one of them gets pinned.
+        let residual = common::residual(3, 1, 1, fx.experts, 4);
+        g.predict(step.at_layer(1), &residual);
+        let pinned = keys(1, &TopK.predict(1, &residual, 4))[0];
+        g.src.pin(&[pinned]);
+        // The next step makes the prefetches stale; the pinned one is spared.
+        let next = Tag::new(1, 2, 0);
+        g.src.advance(next);
+        assert_eq!(g.profile().loads_cancelled, 3);
+        g.open();
+        eventually("both pinned experts are resident", || {
+            g.profile().cache_entries == 2
+        });
+        fetch_checked(g.src.as_ref(), &fx, next.at_layer(1), &[pinned]).expect("fetch");
+        let p = g.profile();
+        assert_eq!((p.hits, p.misses), (1, 0), "{p:?}");
     });
 }
 

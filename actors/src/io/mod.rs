@@ -9,7 +9,6 @@ mod msg;
 mod worker;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Sender, TrySendError, bounded};
@@ -21,6 +20,7 @@ use crate::error::SourceError;
 use crate::expert::ExpertMap;
 use crate::source::ExpertDecoder;
 use crate::storage::Storage;
+use crate::tag::TagClockReader;
 
 /// How to build an [`IoPool`].
 pub struct IoPoolConfig {
@@ -40,14 +40,14 @@ pub struct IoPool<T> {
 }
 
 impl<T: Send + Sync + 'static> IoPool<T> {
-    /// `epoch` is the pipeline's current epoch, published by its owner; stale
+    /// `clock` is the pipeline's tag clock, advanced by its owner; stale
     /// prefetches are recognised against it.
     pub fn spawn(
         cfg: &IoPoolConfig,
         storage: Arc<dyn Storage>,
         map: Arc<ExpertMap>,
         decoder: Arc<dyn ExpertDecoder<T>>,
-        epoch: Arc<AtomicU64>,
+        clock: TagClockReader,
         buffers: BufPool,
     ) -> Result<Self, SourceError> {
         let cap = cfg.queue_cap.max(1);
@@ -59,7 +59,7 @@ impl<T: Send + Sync + 'static> IoPool<T> {
                 storage: storage.clone(),
                 map: map.clone(),
                 decoder: decoder.clone(),
-                epoch: epoch.clone(),
+                clock: clock.clone(),
                 retries: cfg.retries,
                 buffers: buffers.clone(),
             };

@@ -42,14 +42,26 @@ impl Ticket {
 
 /// Read `key`, decode it, send the result to `reply`.
 pub struct IoRequest<T> {
+    /// The token step (and layer) the load is for; a prefetch whose step has
+    /// passed is dropped unread (see [`IoRequest::is_droppable`]).
     pub tag: Tag,
     pub key: ExpertKey,
     pub priority: Priority,
-    /// The pipeline epoch the request was issued in; a prefetch from an
-    /// older epoch than the current one is dropped unread.
-    pub epoch: u64,
+    /// The load of a pinned expert: never dropped as stale, whatever its tag.
+    pub pin: bool,
     pub ticket: Arc<Ticket>,
     pub reply: Sender<IoEvent<T>>,
+}
+
+impl<T> IoRequest<T> {
+    /// True when a worker may drop the request unread because `now` (the
+    /// pipeline's [`TagClock`](crate::tag::TagClock)) has moved past its
+    /// token step: a prefetch issued for step `s` is stale once step `s + 1`
+    /// (or a newer generation) is announced. Demand loads (compute waits for
+    /// them) and pins are never dropped.
+    pub fn is_droppable(&self, now: Tag) -> bool {
+        self.priority == Priority::Prefetch && !self.pin && self.tag.is_stale_against(now)
+    }
 }
 
 /// A decoded expert and what it costs to keep.
@@ -80,4 +92,35 @@ pub enum IoEvent<T> {
     },
     /// A stale prefetch dropped without reading.
     Skipped { key: ExpertKey, load_id: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(priority: Priority, pin: bool, tag: Tag) -> IoRequest<()> {
+        IoRequest {
+            tag,
+            key: ExpertKey::new(tag.layer, 0),
+            priority,
+            pin,
+            ticket: Ticket::new(1),
+            reply: crossbeam_channel::unbounded().0,
+        }
+    }
+
+    #[test]
+    fn only_prefetches_of_passed_steps_are_droppable() {
+        let issued = Tag::new(3, 7, 2);
+        let prefetch = request(Priority::Prefetch, false, issued);
+        // Same step (any layer): still wanted.
+        assert!(!prefetch.is_droppable(Tag::new(3, 7, 0)));
+        assert!(!prefetch.is_droppable(Tag::new(3, 6, 0)));
+        // The next step, or a new generation, passes it.
+        assert!(prefetch.is_droppable(Tag::new(3, 8, 0)));
+        assert!(prefetch.is_droppable(Tag::new(4, 0, 0)));
+        let passed = Tag::new(9, 0, 0);
+        assert!(!request(Priority::Demand, false, issued).is_droppable(passed));
+        assert!(!request(Priority::Prefetch, true, issued).is_droppable(passed));
+    }
 }

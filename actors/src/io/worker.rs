@@ -3,7 +3,6 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, TryRecvError, select};
@@ -14,14 +13,17 @@ use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
 use crate::source::{ExpertDecoder, MAX_READ_GAP};
 use crate::storage::Storage;
+use crate::tag::TagClockReader;
 
-/// What every worker shares: immutable, except the epoch the coordinator
-/// publishes.
+/// What every worker shares: immutable, except the tag clock the coordinator
+/// advances.
 pub(crate) struct WorkerCtx<T> {
     pub storage: Arc<dyn Storage>,
     pub map: Arc<ExpertMap>,
     pub decoder: Arc<dyn ExpertDecoder<T>>,
-    pub epoch: Arc<AtomicU64>,
+    /// The newest announced token step; stale prefetches are dropped
+    /// against it.
+    pub clock: TagClockReader,
     pub retries: u32,
     /// Where read buffers come from and evicted ones go back to.
     pub buffers: BufPool,
@@ -48,7 +50,7 @@ pub(crate) fn run<T: Send + Sync + 'static>(
 }
 
 fn handle<T: Send + Sync + 'static>(ctx: &WorkerCtx<T>, req: IoRequest<T>) {
-    if req.priority == Priority::Prefetch && req.epoch < ctx.epoch.load(Ordering::Acquire) {
+    if req.is_droppable(ctx.clock.now()) {
         // Unclaimed: a demand copy of the same load may still be queued.
         let _ = req.reply.send(IoEvent::Skipped {
             key: req.key,

@@ -10,7 +10,6 @@ mod msg;
 mod recall;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
@@ -19,6 +18,7 @@ pub use msg::{PilotMsg, Prediction};
 pub(crate) use recall::RecallTracker;
 
 use crate::error::SourceError;
+use crate::tag::TagClockReader;
 
 /// Predicts a layer's routed experts from an earlier residual. Implemented by
 /// the model (it owns the router weights); must be cheap next to a layer.
@@ -30,11 +30,12 @@ pub trait Predictor: Send + Sync {
 
 /// Starts the pilot thread. It runs until `inbox` closes; each prediction is
 /// handed to `out`, and it stops early if `out` returns false (the receiver
-/// is gone).
+/// is gone). A message whose tag is stale against `clock` is dropped without
+/// predicting.
 pub(crate) fn spawn(
     predictor: Arc<dyn Predictor>,
     k: usize,
-    epoch: Arc<AtomicU64>,
+    clock: TagClockReader,
     inbox: Receiver<PilotMsg>,
     out: Box<dyn Fn(Prediction) -> bool + Send>,
 ) -> Result<JoinHandle<()>, SourceError> {
@@ -42,7 +43,7 @@ pub(crate) fn spawn(
         .name("coli-pilot".into())
         .spawn(move || {
             for msg in inbox.iter() {
-                if msg.epoch < epoch.load(Ordering::Acquire) {
+                if clock.is_stale(msg.tag) {
                     continue;
                 }
                 let experts = {
@@ -52,7 +53,6 @@ pub(crate) fn spawn(
                 };
                 let p = Prediction {
                     tag: msg.tag,
-                    epoch: msg.epoch,
                     experts,
                 };
                 if !out(p) {

@@ -2,11 +2,10 @@
 
 use crate::tag::Tag;
 
-/// A residual to predict from; `tag.layer` is the layer to predict.
+/// A residual to predict from; `tag.layer` is the layer to predict. The
+/// pilot drops it unread once `tag`'s token step has passed.
 pub struct PilotMsg {
     pub tag: Tag,
-    /// The pipeline epoch when it was offered (stale ones are dropped).
-    pub epoch: u64,
     pub residual: Vec<f32>,
 }
 
@@ -14,6 +13,5 @@ pub struct PilotMsg {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Prediction {
     pub tag: Tag,
-    pub epoch: u64,
     pub experts: Vec<u32>,
 }

@@ -8,7 +8,6 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, select};
@@ -20,7 +19,7 @@ use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
 use crate::io::{IoEvent, IoPool, IoRequest, Priority, Ticket};
 use crate::pilot::{Prediction, RecallTracker};
-use crate::tag::Tag;
+use crate::tag::{Tag, TagClock};
 
 /// What the coordinator does besides serving fetches.
 pub(crate) struct CoordFlags {
@@ -38,8 +37,10 @@ struct InFlight {
     waiters: Vec<(u64, usize)>,
     /// A demand copy is queued (the load can no longer be skipped as stale).
     demand_sent: bool,
-    /// Newest epoch that wanted it; `u64::MAX` for pins.
-    epoch: u64,
+    /// Newest tag that wanted it: the prediction that queued it, a fetch
+    /// waiting for it, or the clock when a pin queued it. Once this is stale
+    /// and no live fetch waits, the load is dead (unless its key is pinned).
+    tag: Tag,
 }
 
 /// A fetch with misses outstanding.
@@ -54,13 +55,14 @@ pub(crate) struct Coordinator<T> {
     cache: ExpertCache<T>,
     pool: IoPool<T>,
     io_tx: Sender<IoEvent<T>>,
-    epoch: Arc<AtomicU64>,
+    /// The newest announced token step; the coordinator is its only writer
+    /// (in `on_advance`), the I/O workers and the pilot read it.
+    clock: TagClock,
     counters: Arc<Counters>,
     /// Issue prefetches for predictions.
     prefetch: bool,
     /// Track pilot recall.
     pilot: bool,
-    current: Tag,
     inflight: HashMap<ExpertKey, InFlight>,
     pending: HashMap<u64, Pending<T>>,
     overflow: VecDeque<IoRequest<T>>,
@@ -102,7 +104,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
         cache: ExpertCache<T>,
         pool: IoPool<T>,
         io_tx: Sender<IoEvent<T>>,
-        epoch: Arc<AtomicU64>,
+        clock: TagClock,
         counters: Arc<Counters>,
         flags: CoordFlags,
     ) -> Self {
@@ -111,11 +113,10 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             cache,
             pool,
             io_tx,
-            epoch,
+            clock,
             counters,
             prefetch: flags.prefetch,
             pilot: flags.pilot,
-            current: Tag::default(),
             inflight: HashMap::new(),
             pending: HashMap::new(),
             overflow: VecDeque::new(),
@@ -177,8 +178,9 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
         }
     }
 
-    fn epoch_now(&self) -> u64 {
-        self.epoch.load(Ordering::Relaxed)
+    /// The current token step (exact: the coordinator is the clock's writer).
+    fn now(&self) -> Tag {
+        self.clock.now()
     }
 
     fn publish_cache_gauges(&self) {
@@ -202,7 +204,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
         mode: FetchMode,
         reply: Sender<Delivery<T>>,
     ) {
-        if tag.is_stale_against(self.current) {
+        if tag.is_stale_against(self.now()) {
             Counters::add(&self.counters.cancelled, 1);
             let _ = reply.try_send(Delivery::Cancelled);
             return;
@@ -271,13 +273,12 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
     }
 
     fn add_waiter(&mut self, key: ExpertKey, tag: Tag, id: u64, idx: usize) {
-        let epoch = self.epoch_now();
         let io_tx = self.io_tx.clone();
         let demand = |ticket: Arc<Ticket>| IoRequest {
             tag,
             key,
             priority: Priority::Demand,
-            epoch,
+            pin: false,
             ticket,
             reply: io_tx,
         };
@@ -285,7 +286,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             Some(f) => {
                 Counters::add(&self.counters.inflight_joins, 1);
                 f.waiters.push((id, idx));
-                f.epoch = f.epoch.max(epoch);
+                f.tag = f.tag.max(tag);
                 if f.demand_sent {
                     return;
                 }
@@ -301,7 +302,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                         ticket: ticket.clone(),
                         waiters: vec![(id, idx)],
                         demand_sent: true,
-                        epoch,
+                        tag,
                     },
                 );
                 demand(ticket)
@@ -337,14 +338,15 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
         }
     }
 
-    /// Queues a low-priority load nobody waits for yet.
-    fn submit_background(&mut self, key: ExpertKey, tag: Tag, epoch: u64) {
+    /// Queues a low-priority load nobody waits for yet: a prefetch for
+    /// `tag`'s step, or a pin's load (`pin`), which is never dropped as stale.
+    fn submit_background(&mut self, key: ExpertKey, tag: Tag, pin: bool) {
         let ticket = self.new_load();
         let req = IoRequest {
             tag,
             key,
             priority: Priority::Prefetch,
-            epoch,
+            pin,
             ticket: ticket.clone(),
             reply: self.io_tx.clone(),
         };
@@ -357,7 +359,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                         ticket,
                         waiters: Vec::new(),
                         demand_sent: false,
-                        epoch,
+                        tag,
                     },
                 );
             }
@@ -395,6 +397,11 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                     .is_some_and(|f| f.load_id == load_id && !f.demand_sent)
                 {
                     self.inflight.remove(&key);
+                    // A stale prefetch of a key pinned since it was queued:
+                    // the pin still wants it loaded.
+                    if self.pins.contains(&key) && !self.cache.pin_resident(key) {
+                        self.submit_background(key, self.now(), true);
+                    }
                 }
             }
             IoEvent::Loaded {
@@ -446,7 +453,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                             1,
                         );
                         let pin = self.pins.contains(&key);
-                        let wanted = pin || !live.is_empty() || f.epoch >= self.epoch_now();
+                        let wanted = pin || !live.is_empty() || !f.tag.is_stale_against(self.now());
                         if !wanted {
                             Counters::add(&self.counters.stale_discarded, 1);
                         }
@@ -473,12 +480,11 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                             // Read as a prefetch (no retries) but compute now
                             // waits for it: retry as a demand load.
                             let ticket = self.new_load();
-                            let tag = self.current;
                             let req = IoRequest {
-                                tag,
+                                tag: f.tag,
                                 key,
                                 priority: Priority::Demand,
-                                epoch: self.epoch_now(),
+                                pin: false,
                                 ticket: ticket.clone(),
                                 reply: self.io_tx.clone(),
                             };
@@ -489,7 +495,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                                     ticket,
                                     waiters: live,
                                     demand_sent: true,
-                                    epoch: f.epoch,
+                                    tag: f.tag,
                                 },
                             );
                             self.submit_demand(req);
@@ -505,12 +511,13 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
         }
     }
 
+    /// Moves the clock to `tag` (when newer): fetches of older tags get
+    /// `Cancelled`, and loads that only older tags wanted are dropped. A new
+    /// generation is how a request is cancelled.
     fn on_advance(&mut self, tag: Tag) {
-        if (tag.generation, tag.step) <= (self.current.generation, self.current.step) {
+        if !self.clock.advance(tag) {
             return;
         }
-        self.current = tag;
-        self.epoch.fetch_add(1, Ordering::AcqRel);
         let stale: Vec<u64> = self
             .pending
             .iter()
@@ -524,15 +531,18 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             }
         }
         self.recall.prune(tag);
-        // Loads nobody live waits for: queued ones are skipped unread (the
-        // coordinator claims their ticket), running ones finish and are
-        // discarded. A later request for the key starts a fresh load.
-        let epoch = self.epoch_now();
+        // Loads that only older tags wanted and nobody live waits for (pins
+        // excepted): queued ones are skipped unread (the coordinator claims
+        // their ticket), running ones finish and are discarded. A later
+        // request for the key starts a fresh load.
+        let now = self.now();
         let dead: Vec<ExpertKey> = self
             .inflight
             .iter()
-            .filter(|(_, f)| {
-                f.epoch < epoch && !f.waiters.iter().any(|(id, _)| self.pending.contains_key(id))
+            .filter(|(key, f)| {
+                f.tag.is_stale_against(now)
+                    && !self.pins.contains(key)
+                    && !f.waiters.iter().any(|(id, _)| self.pending.contains_key(id))
             })
             .map(|(&k, _)| k)
             .collect();
@@ -559,7 +569,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
 
     fn on_predicted(&mut self, p: Prediction) {
         Counters::add(&self.counters.predictions, 1);
-        if p.epoch < self.epoch_now() || p.tag.is_stale_against(self.current) {
+        if p.tag.is_stale_against(self.now()) {
             Counters::add(&self.counters.pilot_stale, 1);
             return;
         }
@@ -570,13 +580,12 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
         if !self.prefetch {
             return;
         }
-        let epoch = self.epoch_now();
         for &e in &p.experts {
             let key = ExpertKey::new(p.tag.layer, e);
             if self.map.extent(key).is_err() || self.cache.touch(key) || self.inflight.contains_key(&key) {
                 continue;
             }
-            self.submit_background(key, p.tag, epoch);
+            self.submit_background(key, p.tag, false);
         }
     }
 
@@ -594,9 +603,11 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             if self.cache.pin_resident(key) {
                 continue;
             }
-            match self.inflight.get_mut(&key) {
-                Some(f) => f.epoch = u64::MAX,
-                None => self.submit_background(key, self.current, u64::MAX),
+            // A load already in flight is kept for the pin: `on_advance`
+            // spares pinned keys, and a stale prefetch the workers skip is
+            // requeued as a pin's load (`on_io`).
+            if !self.inflight.contains_key(&key) {
+                self.submit_background(key, self.now(), true);
             }
         }
         self.publish_cache_gauges();

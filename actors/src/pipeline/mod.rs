@@ -31,7 +31,7 @@ use crate::io::{IoPool, IoPoolConfig};
 use crate::pilot::{self, PilotMsg, Predictor};
 use crate::source::{ExpertBatchSink, ExpertDecoder, ExpertSource, SourceStats};
 use crate::storage::{Storage, open_storage};
-use crate::tag::Tag;
+use crate::tag::{Tag, TagClock};
 
 /// Bound of the coordinator's inbox.
 const INBOX_CAP: usize = 1024;
@@ -45,7 +45,6 @@ pub struct PipelineSource<T> {
     map: Arc<ExpertMap>,
     coord: Sender<CoordMsg<T>>,
     pilot_tx: Option<Sender<PilotMsg>>,
-    epoch: Arc<AtomicU64>,
     counters: Arc<Counters>,
     next_fetch: AtomicU64,
     coordinator: Option<JoinHandle<()>>,
@@ -84,7 +83,9 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         config: PipelineConfig,
     ) -> Result<Self, SourceError> {
         let map = Arc::new(map);
-        let epoch = Arc::new(AtomicU64::new(0));
+        // Advanced by the coordinator alone; the I/O workers and the pilot
+        // read it to drop stale work.
+        let clock = TagClock::new();
         let counters = Arc::new(Counters::new(map.layers));
         let storage_kind = storage.kind();
         let experts = map.layers * map.experts_per_layer;
@@ -100,7 +101,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             storage,
             map.clone(),
             Arc::from(decoder),
-            epoch.clone(),
+            clock.reader(),
             buffers.clone(),
         )?;
         let (io_tx, io_rx) = bounded(1024);
@@ -110,12 +111,13 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             bytes: config.ram_budget_bytes,
         };
         let pilot_on = config.pilot && predictor.is_some();
+        let pilot_clock = clock.reader();
         let coordinator = Coordinator::new(
             map.clone(),
             ExpertCache::new(map.layers, limits),
             pool,
             io_tx,
-            epoch.clone(),
+            clock,
             counters.clone(),
             CoordFlags {
                 prefetch: pilot_on && config.overlap,
@@ -131,7 +133,6 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             map,
             coord: coord_tx,
             pilot_tx: None,
-            epoch,
             counters,
             next_fetch: AtomicU64::new(0),
             coordinator: Some(coordinator),
@@ -144,7 +145,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             let (tx, rx) = bounded(PILOT_CAP);
             let to_coord = me.coord.clone();
             let out = Box::new(move |p| to_coord.send(CoordMsg::Predicted(p)).is_ok());
-            me.pilot_thread = Some(pilot::spawn(pred, me.config.pilot_k, me.epoch.clone(), rx, out)?);
+            me.pilot_thread = Some(pilot::spawn(pred, me.config.pilot_k, pilot_clock, rx, out)?);
             me.pilot_tx = Some(tx);
         }
         Ok(me)
@@ -306,7 +307,6 @@ impl<T: Send + Sync + 'static> ExpertSource<T> for PipelineSource<T> {
         let Some(tx) = &self.pilot_tx else { return };
         let msg = PilotMsg {
             tag,
-            epoch: self.epoch.load(Ordering::Acquire),
             residual: residual.to_vec(),
         };
         if tx.try_send(msg).is_err() {

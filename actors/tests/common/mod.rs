@@ -306,6 +306,9 @@ pub struct ControlledStorage {
     /// test can wait for "an I/O worker is running this read" as an event
     /// instead of guessing how long the worker takes to pick it up.
     pub entered: AtomicU32,
+    /// When set, each read also reports on it as it reaches the storage
+    /// (before the gate): a test can block on that event.
+    pub notify: Option<crossbeam_channel::Sender<()>>,
     /// Offsets read, in order.
     pub log: parking_lot::Mutex<Vec<(FileId, u64)>>,
 }
@@ -319,6 +322,7 @@ impl ControlledStorage {
             short_next: AtomicU32::new(0),
             gate,
             entered: AtomicU32::new(0),
+            notify: None,
             log: parking_lot::Mutex::new(Vec::new()),
         }
     }
@@ -332,6 +336,9 @@ fn take_one(c: &AtomicU32) -> bool {
 impl Storage for ControlledStorage {
     fn read_at(&self, file: FileId, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
         self.entered.fetch_add(1, Ordering::SeqCst);
+        if let Some(n) = &self.notify {
+            let _ = n.send(());
+        }
         if let Some(g) = &self.gate {
             // No deadline: the test's own guard (with_timeout) catches a
             // hang, and a dropped gate (test over) releases the read.
