@@ -60,6 +60,14 @@ pub struct BenchArgs {
     /// The prompt as comma-separated ids (instead of seeded random ids).
     #[arg(long)]
     pub prompt_ids: Option<String>,
+    /// Serving throughput instead: N concurrent streams through the decode
+    /// loop against one (see docs/benchmarks.md, "Serving").
+    #[arg(long, value_name = "N")]
+    pub streams: Option<usize>,
+    /// Sampling temperature of the `--streams` runs (seeded per stream), so
+    /// streams route like different conversations.
+    #[arg(long, default_value_t = 1.0)]
+    pub stream_temperature: f32,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -163,6 +171,9 @@ fn workload(dir: &Path, cfg: &ModelShape, args: &BenchArgs) -> anyhow::Result<Wo
 pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     if args.tokens == 0 || args.prompt_len == 0 {
         return Err(super::usage("--tokens and --prompt-len must be at least 1"));
+    }
+    if let Some(n) = args.streams {
+        return super::bench_streams::run(&args, n);
     }
     let dir = args.model.resolve()?;
     let cfg = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;

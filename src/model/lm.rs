@@ -127,6 +127,12 @@ pub trait LanguageModel: Send {
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>>;
     /// Bytes of resident (non-expert) weights.
     fn dense_bytes(&self) -> usize;
+    /// Bytes of resident weights every forward step reads whole: all but
+    /// the embedding table, of which a step gathers only its tokens' rows
+    /// (what bandwidth bounds count).
+    fn step_dense_bytes(&self) -> usize {
+        self.dense_bytes()
+    }
     /// Up to `k` draft tokens to follow `next` (the token about to occupy
     /// position `state.len()`), from the model's own next-token (MTP) head.
     /// Leaves `state`'s positions unchanged. Models without a head return none.

@@ -494,6 +494,11 @@ impl LanguageModel for Glm {
     fn dense_bytes(&self) -> usize {
         self.weights.resident_bytes()
     }
+    fn step_dense_bytes(&self) -> usize {
+        self.weights
+            .resident_bytes()
+            .saturating_sub(self.weights.embed.resident_bytes())
+    }
     fn draft(
         &mut self,
         state: &mut dyn SequenceState,

@@ -252,4 +252,9 @@ impl LanguageModel for Olmoe {
     fn dense_bytes(&self) -> usize {
         self.weights.resident_bytes()
     }
+    fn step_dense_bytes(&self) -> usize {
+        self.weights
+            .resident_bytes()
+            .saturating_sub(self.weights.embed.resident_bytes())
+    }
 }

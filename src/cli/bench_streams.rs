@@ -1,0 +1,240 @@
+//! `coli bench --streams N`: serving throughput through the decode loop.
+//!
+//! Three measurements in one process, on the same prompts:
+//! 1. one stream decoded directly (`Session::generate`, the pre-runtime path)
+//!    and the same request through the decode loop: the loop's overhead;
+//! 2. one sampled stream through the loop, then N at once (continuous
+//!    batching): the aggregate speed-up;
+//! 3. the bound each run's own bytes set: dense weights per step plus every
+//!    unique expert a step fetched, over the memory bandwidth measured here
+//!    (and the bytes read from disk over the disk bandwidth, when streamed).
+
+use std::time::Instant;
+
+use anyhow::Context;
+use rayon::prelude::*;
+
+use super::bench::BenchArgs;
+use crate::engine::{Engine, EngineOptions};
+use crate::model::olmoe::LoadOptions;
+use crate::runtime::{DecodeLoop, Event, GenRequest, LoopConfig, PromptMode, SlotChoice};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::st::Checkpoint;
+use crate::synth::{ModelShape, synthetic_prompt};
+
+/// What one loop run did.
+struct Run {
+    tokens: Vec<Vec<u32>>,
+    secs: f64,
+    steps: u64,
+    step_rows: u64,
+    fetches: u64,
+    bytes_read: u64,
+}
+
+impl Run {
+    fn generated(&self) -> usize {
+        self.tokens.iter().map(Vec::len).sum()
+    }
+    fn tok_per_s(&self) -> f64 {
+        self.generated() as f64 / self.secs.max(1e-9)
+    }
+}
+
+fn request(prompt: &[u32], tokens: usize, temperature: f32, seed: u64) -> GenRequest {
+    GenRequest {
+        slot: SlotChoice::Any,
+        mode: PromptMode::Replace,
+        prompt: prompt.to_vec(),
+        max_tokens: tokens,
+        sampling: SamplingParams {
+            temperature,
+            top_p: 1.0,
+            top_k: 0,
+            seed,
+        },
+        stop: Vec::new(),
+    }
+}
+
+/// Submits every request at once and reads all streams to their end.
+fn run_streams(lp: &DecodeLoop, reqs: Vec<GenRequest>) -> anyhow::Result<Run> {
+    let h = lp.handle();
+    let (m0, s0) = (h.metrics(), h.source_stats());
+    let t0 = Instant::now();
+    let mut streams = reqs
+        .into_iter()
+        .map(|r| h.submit(r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut tokens = Vec::with_capacity(streams.len());
+    for s in &mut streams {
+        let mut got = Vec::new();
+        loop {
+            match s.recv() {
+                Some(Event::Text { tokens: t, .. }) => got.extend(t),
+                Some(Event::Started { .. }) => {}
+                Some(Event::Done(_)) => break,
+                Some(Event::Failed(e)) => anyhow::bail!("a bench request failed: {e}"),
+                None => anyhow::bail!("the decode loop stopped"),
+            }
+        }
+        tokens.push(got);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let (m1, s1) = (h.metrics(), h.source_stats());
+    Ok(Run {
+        tokens,
+        secs,
+        steps: m1.steps - m0.steps,
+        step_rows: m1.step_rows - m0.step_rows,
+        fetches: (s1.hits + s1.misses) - (s0.hits + s0.misses),
+        bytes_read: s1.bytes_read - s0.bytes_read,
+    })
+}
+
+/// Read bandwidth of memory with the bench's threads: the best of five
+/// passes of the kernels' SIMD read (the same loads and prefetching the
+/// matmul kernels use) over a buffer larger than any cache.
+fn memory_bandwidth(bytes: usize) -> f64 {
+    let k = crate::kernels::dispatch();
+    let buf: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let sum = buf
+            .par_chunks(1 << 16)
+            .map(|c| k.read_sum(c))
+            .reduce(|| 0, u64::wrapping_add);
+        let secs = t0.elapsed().as_secs_f64();
+        std::hint::black_box(sum);
+        best = best.max(bytes as f64 / secs);
+    }
+    best
+}
+
+pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
+    if streams == 0 || streams > crate::runtime::MAX_SLOTS {
+        return Err(super::usage(format!(
+            "--streams must be between 1 and {}",
+            crate::runtime::MAX_SLOTS
+        )));
+    }
+    let dir = args.model.resolve()?;
+    let shape = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
+    let opts = EngineOptions {
+        kv_slots: streams,
+        ..args.engine.options()
+    };
+    let prompts: Vec<Vec<u32>> = (0..streams as u64)
+        .map(|i| synthetic_prompt(shape.vocab_size, args.prompt_len, args.prompt_seed + i))
+        .collect();
+    let n = args.tokens;
+    let temp = args.stream_temperature;
+
+    // 1. Direct, one greedy stream.
+    eprintln!("bench: direct single stream ...");
+    let mut engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    let step_dense = engine.model.step_dense_bytes() as f64;
+    let max_ctx = engine.model.max_positions().min(args.prompt_len + n + args.warmup + 64);
+    let mut session = engine.new_session();
+    let mut sampler = Sampler::new(SamplingParams::default());
+    let warm = args.warmup.max(1);
+    session.generate(&mut engine, &prompts[0], warm, &mut sampler, &mut |_| true)?;
+    session.reset();
+    let t0 = Instant::now();
+    let mut direct_tokens = Vec::new();
+    session.generate(&mut engine, &prompts[0], n, &mut sampler, &mut |t| {
+        direct_tokens.push(t);
+        true
+    })?;
+    let direct_secs = t0.elapsed().as_secs_f64();
+    drop(session);
+    drop(engine);
+
+    // 2. Through the loop.
+    eprintln!("bench: decode loop, 1 and {streams} streams ...");
+    let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    let placement = engine.memory.to_string();
+    let cfg = LoopConfig {
+        slots: streams,
+        max_ctx,
+        queue_cap: streams,
+        threads: args.engine.threads.map(|t| t as usize),
+        ..LoopConfig::default()
+    };
+    let lp = DecodeLoop::spawn(engine, &cfg, Box::new(std::io::stderr()))?;
+    run_streams(&lp, vec![request(&prompts[0], warm, 0.0, 0)])?;
+    let greedy = run_streams(&lp, vec![request(&prompts[0], n, 0.0, 0)])?;
+    let single = run_streams(&lp, vec![request(&prompts[0], n, temp, 1)])?;
+    let reqs = (0..streams).map(|i| request(&prompts[i], n, temp, 1 + i as u64)).collect();
+    let multi = run_streams(&lp, reqs)?;
+    lp.shutdown()?;
+
+    // 3. The bounds.
+    let mem_bw = memory_bandwidth(1 << 30);
+    let ck = Checkpoint::open(&dir)?;
+    let (map, _) = shape.expert_map(&ck, LoadOptions::default())?;
+    drop(ck);
+    let expert_bytes = map.extents.iter().map(|e| e.bytes()).sum::<u64>() as f64 / map.extents.len().max(1) as f64;
+    let bound = |r: &Run| {
+        let touched = r.steps as f64 * step_dense + r.fetches as f64 * expert_bytes;
+        let mem_secs = touched / mem_bw;
+        r.generated() as f64 / mem_secs
+    };
+
+    let mb = |b: f64| b / 1e6;
+    println!("model {}: {} layers, {} experts top-{}", dir.display(), shape.num_hidden_layers, shape.num_experts, shape.num_experts_per_tok);
+    println!("{placement}");
+    println!(
+        "prompt {} tok, {n} tokens per stream, sampled streams at temperature {temp} (seeded)",
+        args.prompt_len
+    );
+    println!("memory bandwidth    {:>10.1} MB/s  (SIMD read of 1 GiB on the bench threads, best of 5, this run)", mb(mem_bw));
+    println!();
+    println!(
+        "{:<22} {:>8} {:>9} {:>10} {:>8} {:>12} {:>11} {:>10} {:>9}",
+        "run", "streams", "tok/s", "steps", "seq/step", "experts/step", "MB/step", "bound t/s", "/ bound"
+    );
+    let row = |name: &str, r: &Run| {
+        let steps = r.steps.max(1) as f64;
+        let per_step = (step_dense + r.fetches as f64 * expert_bytes / steps) / 1e6;
+        let b = bound(r);
+        println!(
+            "{:<22} {:>8} {:>9.3} {:>10} {:>8.2} {:>12.1} {:>11.1} {:>10.3} {:>9.3}",
+            name,
+            r.tokens.len(),
+            r.tok_per_s(),
+            r.steps,
+            r.step_rows as f64 / steps,
+            r.fetches as f64 / steps,
+            per_step,
+            b,
+            r.tok_per_s() / b
+        );
+        if r.bytes_read > 0 {
+            println!("{:<22} read from disk {:.1} MB/step", "", mb(r.bytes_read as f64 / steps));
+        }
+    };
+    let direct_tps = direct_tokens.len() as f64 / direct_secs.max(1e-9);
+    println!("{:<22} {:>8} {:>9.3}", "direct (greedy)", 1, direct_tps);
+    row("loop, greedy", &greedy);
+    row("loop, sampled", &single);
+    row("loop, sampled", &multi);
+    println!();
+    println!(
+        "loop / direct       {:>10.3}       (single greedy stream through the decode loop vs Session::generate)",
+        greedy.tok_per_s() / direct_tps
+    );
+    println!(
+        "aggregate speed-up  {:>10.3}       ({streams} streams' tok/s / one stream's, same sampling)",
+        multi.tok_per_s() / single.tok_per_s()
+    );
+    let same = greedy.tokens.first() == Some(&direct_tokens);
+    if same {
+        println!("deterministic: the loop's greedy stream equals the direct one");
+    } else {
+        println!("DETERMINISM FAILURE: the loop's greedy stream differs from the direct one");
+    }
+    Ok(same)
+}
+
