@@ -1,35 +1,7 @@
 //! The thread that owns the state files and applies [`KvMsg`]s in order.
 //!
-//! Policy: bounded memory, no loss, order kept, and a slow disk costs the
-//! decode loop as little as possible.
-//!
-//! - [`KvHandle`] puts messages in a queue of at most
-//!   [`KvQueueLimits::depth`] messages. An append that continues the last
-//!   queued message (same slot, next position) is merged into it while the
-//!   merged records stay within [`KvQueueLimits::max_message_bytes`]; merging
-//!   is tried first, so a stream of one-position appends costs one queue
-//!   place (and one write) per `max_message_bytes` while the writer is busy.
-//! - When the queue is full and the message cannot be merged, the send waits
-//!   until the writer takes a message (back-pressure). Nothing is parked
-//!   outside the queue. [`KvQueueStats::waits`] counts such waits.
-//! - An append larger than `max_message_bytes` is split into batches of at
-//!   most that many bytes (at least one record each), so every queued message
-//!   holds at most `max(max_message_bytes, record size)` record bytes.
-//! - Record bytes queued or being written are therefore at most
-//!   `(depth + 1) × max(max_message_bytes, record size)`
-//!   ([`KvQueueLimits::bound_bytes`]): `depth` queued messages and the one
-//!   being written. A caller blocked in a send also holds the batch it is
-//!   sending.
-//! - The writer applies one message at a time, as soon as it is at the head
-//!   of the queue: each append is written, synced and committed (see
-//!   [`KvFile::append`](super::KvFile::append)) before the next message.
-//!   There is no timer: a position reaches the disk once the messages ahead
-//!   of it are written.
-//! - [`KvHandle::flush`] and [`KvHandle::close`] wait until everything sent
-//!   is applied. Write errors are kept by the writer and reported by the next
-//!   [`KvHandle::flush`] or [`KvHandle::check`] (which does not wait), so a
-//!   failing disk surfaces at a turn boundary instead of inside decode.
-//! - Dropping the handle delivers every queued message, then stops the thread.
+//! The queue's policy (bound, back-pressure, merging, ordering, errors) is
+//! documented on [`KvHandle`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -68,7 +40,7 @@ impl Default for KvQueueLimits {
 }
 
 impl KvQueueLimits {
-    fn depth(&self) -> usize {
+    fn effective_depth(&self) -> usize {
         self.depth.max(1)
     }
 
@@ -80,7 +52,7 @@ impl KvQueueLimits {
     /// Most record bytes queued or being written at once, for records of
     /// `record_size` bytes: `(depth + 1) × message_bytes(record_size)`.
     pub fn bound_bytes(&self, record_size: usize) -> usize {
-        (self.depth() + 1).saturating_mul(self.message_bytes(record_size))
+        (self.effective_depth() + 1).saturating_mul(self.message_bytes(record_size))
     }
 }
 
@@ -182,7 +154,7 @@ impl KvActor {
     pub fn spawn_with<S: KvSink>(sink: S, limits: KvQueueLimits) -> Result<KvHandle<S>, KvError> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                queue: VecDeque::with_capacity(limits.depth()),
+                queue: VecDeque::with_capacity(limits.effective_depth()),
                 stats: KvQueueStats::default(),
                 first_err: None,
                 closed: false,
@@ -280,7 +252,38 @@ impl KvMonitor {
 }
 
 /// The decode side's end of the actor: sends wait only when the queue is
-/// full (see the module docs for the bound).
+/// full.
+///
+/// Policy: bounded memory, no loss, order kept, and a slow disk costs the
+/// decode loop as little as possible.
+///
+/// - Sends put messages in a queue of at most
+///   [`KvQueueLimits::depth`] messages. An append that continues the last
+///   queued message (same slot, next position) is merged into it while the
+///   merged records stay within [`KvQueueLimits::max_message_bytes`]; merging
+///   is tried first, so a stream of one-position appends costs one queue
+///   place (and one write) per `max_message_bytes` while the writer is busy.
+/// - When the queue is full and the message cannot be merged, the send waits
+///   until the writer takes a message (back-pressure). Nothing is parked
+///   outside the queue. [`KvQueueStats::waits`] counts such waits.
+/// - An append larger than `max_message_bytes` is split into batches of at
+///   most that many bytes (at least one record each), so every queued message
+///   holds at most `max(max_message_bytes, record size)` record bytes.
+/// - Record bytes queued or being written are therefore at most
+///   `(depth + 1) × max(max_message_bytes, record size)`
+///   ([`KvQueueLimits::bound_bytes`]): `depth` queued messages and the one
+///   being written. A caller blocked in a send also holds the batch it is
+///   sending.
+/// - The writer applies one message at a time, as soon as it is at the head
+///   of the queue: each append is written, synced and committed (see
+///   [`KvFile::append`](super::KvFile::append)) before the next message.
+///   There is no timer: a position reaches the disk once the messages ahead
+///   of it are written.
+/// - [`KvHandle::flush`] and [`KvHandle::close`] wait until everything sent
+///   is applied. Write errors are kept by the writer and reported by the next
+///   [`KvHandle::flush`] or [`KvHandle::check`] (which does not wait), so a
+///   failing disk surfaces at a turn boundary instead of inside decode.
+/// - Dropping the handle delivers every queued message, then stops the thread.
 pub struct KvHandle<S: KvSink> {
     shared: Arc<Shared>,
     join: Option<JoinHandle<S>>,
@@ -340,7 +343,7 @@ impl<S: KvSink> KvHandle<S> {
 
     fn push(&mut self, msg: KvMsg) -> Result<(), KvError> {
         let shared = &*self.shared;
-        let depth = shared.limits.depth();
+        let depth = shared.limits.effective_depth();
         let max = shared.limits.max_message_bytes;
         let bytes = msg.record_bytes();
         let mut msg = msg;

@@ -15,9 +15,9 @@
 //!
 //! Writes happen on a dedicated thread ([`KvActor`]) behind a bounded queue:
 //! the decode loop waits for the disk only when the queue is full
-//! (back-pressure), after contiguous appends were merged; see the `actor`
-//! module docs (and [`KvQueueLimits::bound_bytes`]) for the memory bound and
-//! the ordering and no-loss guarantees.
+//! (back-pressure), after contiguous appends were merged; see [`KvHandle`]
+//! (and [`KvQueueLimits::bound_bytes`]) for the memory bound and the
+//! ordering and no-loss guarantees.
 
 mod actor;
 pub mod crash;
