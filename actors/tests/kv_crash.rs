@@ -1,20 +1,23 @@
 //! Crash safety of `.coli_kv`: a writer killed with SIGKILL at random moments
-//! always leaves a file that loads to a consistent prefix.
+//! always leaves a file that loads to a consistent prefix, also when the
+//! positions stream one at a time through the KV actor.
 //!
-//! The test binary re-invokes itself as the writer (env `COLI_KV_CRASH_CHILD`).
+//! The test binary re-invokes itself as the writer (env `COLI_KV_CRASH_CHILD`,
+//! `COLI_KV_STREAM_CHILD`).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use colibri_actors::kv::{KvFile, KvLayout, KvLoad, KvRecords};
+use colibri_actors::kv::{KvActor, KvFile, KvLayout, KvLoad, KvQueueLimits, KvRecords};
 
 const LAYOUT: KvLayout = KvLayout {
     fingerprint: 0xC0117,
     payload_bytes: 4096,
 };
 const CHILD_ENV: &str = "COLI_KV_CRASH_CHILD";
+const STREAM_CHILD_ENV: &str = "COLI_KV_STREAM_CHILD";
 /// What the writer prints once its first append is committed.
 const COMMITTED: &str = "<first append committed>";
 
@@ -189,4 +192,112 @@ fn kill_9_always_leaves_a_consistent_prefix() {
         nonempty > 0,
         "the writer never committed anything in {rounds} rounds"
     );
+}
+
+/// The token the streaming writer stores at `pos`.
+fn stream_token(pos: u64) -> u32 {
+    9_000_000 + pos as u32
+}
+
+/// Every this many positions the streaming writer flushes and says so.
+const DURABLE_EVERY: u64 = 8;
+
+/// The streaming writer: the decode loop's pattern, one position per step
+/// through the KV actor (a small queue, so it also waits on the disk),
+/// flushing every `DURABLE_EVERY` positions and announcing `<durable N>`
+/// once the first N positions are on disk. Runs until killed.
+fn stream_child(path: &Path) -> ! {
+    let (f, _) = KvFile::open(path, LAYOUT, &mut |_, _| {}).unwrap();
+    let limits = KvQueueLimits {
+        depth: 4,
+        max_message_bytes: 3 * LAYOUT.record_size(),
+    };
+    let mut h = KvActor::spawn_with(vec![f], limits).unwrap();
+    for pos in 0..1_000_000u64 {
+        let token = stream_token(pos);
+        let mut r = KvRecords::new(LAYOUT);
+        r.push(token, &payload(pos, token)).unwrap();
+        h.append(0, pos, r).unwrap();
+        if (pos + 1).is_multiple_of(DURABLE_EVERY) {
+            h.flush().unwrap();
+            let mut out = std::io::stdout().lock();
+            // A parent that went away: stop.
+            if writeln!(out, "<durable {}>", pos + 1)
+                .and_then(|()| out.flush())
+                .is_err()
+            {
+                std::process::exit(0);
+            }
+        }
+    }
+    std::process::exit(0)
+}
+
+#[test]
+fn kill_9_while_positions_stream_through_the_actor_leaves_a_prefix() {
+    if let Ok(path) = std::env::var(STREAM_CHILD_ENV) {
+        stream_child(Path::new(&path));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(".coli_kv");
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = XorShift(0xD1B5_4A32_D192_ED03);
+    for round in 0..12 {
+        let _ = std::fs::remove_file(&path);
+        let target = DURABLE_EVERY * (1 + rng.next() % 16);
+        let mut c = Command::new(&exe)
+            .args([
+                "--exact",
+                "kill_9_while_positions_stream_through_the_actor_leaves_a_prefix",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(STREAM_CHILD_ENV, &path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill once `target` positions are known durable; the writer is
+        // streaming further positions when the kill lands.
+        let mut lines = std::io::BufReader::new(c.stdout.take().unwrap()).lines();
+        let durable = loop {
+            match lines.next() {
+                Some(Ok(l)) => {
+                    let n = l
+                        .rsplit_once("<durable ")
+                        .and_then(|(_, n)| n.strip_suffix('>'))
+                        .and_then(|n| n.parse::<u64>().ok());
+                    if let Some(n) = n
+                        && n >= target
+                    {
+                        break n;
+                    }
+                }
+                other => panic!("round {round}: the writer ended early: {other:?}"),
+            }
+        };
+        c.kill().unwrap(); // SIGKILL
+        c.wait().unwrap();
+        let mut pos = 0u64;
+        let mut errors = Vec::new();
+        let (_, load) = KvFile::open(&path, LAYOUT, &mut |tok, p| {
+            if tok != stream_token(pos) {
+                errors.push(format!("record {pos}: token {tok}, sent {}", stream_token(pos)));
+            } else if let Err(e) = check_record(pos, tok, p) {
+                errors.push(e);
+            }
+            pos += 1;
+        })
+        .unwrap();
+        assert!(errors.is_empty(), "round {round}: {errors:?}");
+        let KvLoad::Loaded { records, .. } = load else {
+            panic!("round {round}: {load:?}")
+        };
+        assert_eq!(records, pos);
+        assert!(
+            records >= durable,
+            "round {round}: {records} positions loaded, {durable} were flushed"
+        );
+    }
 }

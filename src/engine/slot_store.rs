@@ -1,12 +1,23 @@
 //! Conversation slots on disk: restores each slot's tokens and sequence state
 //! at start (no re-prefill) and mirrors later changes through the KV
-//! persistence actor, so the decode loop never waits for the disk except at
-//! a turn boundary ([`SlotStore::persist`] flushes).
+//! persistence actor.
+//!
+//! The decode loop may call [`SlotStore::append_new`] after every forward
+//! step: it queues only the positions gained since the last call, and waits
+//! for the disk only when the actor's bounded queue is full (back-pressure,
+//! after merging contiguous appends; see `colibri_actors::kv`). Queued
+//! positions reach the disk in order without any further call; a crash loses
+//! at most what is still queued, never the consistency of the file.
+//! [`SlotStore::end_turn`] ends a turn without waiting. [`SlotStore::flush`]
+//! and [`SlotStore::persist`] wait until what was queued is on disk, for
+//! callers that need that now; [`SlotStore::close`] does so at shutdown.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use colibri_actors::kv::{KvActor, KvError, KvFile, KvHandle, KvLayout, KvLoad, KvRecords, slot_path};
+use colibri_actors::kv::{
+    KvActor, KvError, KvFile, KvHandle, KvLayout, KvLoad, KvQueueLimits, KvQueueStats, KvRecords, slot_path,
+};
 
 use super::Session;
 use crate::model::lm::fingerprint;
@@ -125,7 +136,7 @@ impl SlotStore {
             files.push(file);
             persisted.push(held);
         }
-        match KvActor::spawn(files, colibri_actors::kv::DEFAULT_QUEUE_DEPTH) {
+        match KvActor::spawn_with(files, KvQueueLimits::default()) {
             Ok(handle) => Some(SlotStore {
                 handle,
                 layout,
@@ -145,39 +156,68 @@ impl SlotStore {
     }
 
     /// Queues the positions `session` gained since the last call (only those
-    /// in its sequence state, with their token ids). Never blocks.
+    /// in its sequence state, with their token ids): cheap enough to call
+    /// after every forward step. Builds records for the new positions only,
+    /// in batches of at most the queue's message size, and waits only when
+    /// the actor's queue is full. A session that lost positions since the
+    /// last call (without [`SlotStore::truncate`]) has them dropped on disk
+    /// too.
     pub fn append_new(&mut self, slot: usize, session: &Session) -> Result<(), KvError> {
-        let Some(done) = self.persisted.get_mut(slot) else {
-            return Err(KvError::BadSlot {
-                slot,
-                slots: self.persisted.len(),
-            });
+        let slots = self.persisted.len();
+        let Some(&done) = self.persisted.get(slot) else {
+            return Err(KvError::BadSlot { slot, slots });
         };
         let have = session.kv.len().min(session.tokens.len());
-        if have <= *done {
-            return Ok(());
+        if have < done {
+            self.persisted[slot] = have;
+            return self.handle.truncate(slot, have as u64);
         }
-        let mut records = KvRecords::new(self.layout);
-        for pos in *done..have {
-            records.push(session.tokens[pos], &session.kv.position_bytes(pos))?;
+        let record = self.layout.record_size();
+        let per = (self.handle.limits().message_bytes(record) / record).max(1);
+        let mut from = done;
+        while from < have {
+            let n = per.min(have - from);
+            let mut records = KvRecords::with_capacity(self.layout, n);
+            for pos in from..from + n {
+                records.push(session.tokens[pos], &session.kv.position_bytes(pos))?;
+            }
+            self.handle.append(slot, from as u64, records)?;
+            from += n;
+            self.persisted[slot] = from;
         }
-        let at = *done as u64;
-        *done = have;
-        self.handle.append(slot, at, records)
+        Ok(())
     }
 
-    /// Queues new positions, then waits until everything queued is on disk.
+    /// Ends a turn without waiting for the disk: queues what
+    /// [`SlotStore::append_new`] has not, and returns the first write error
+    /// the actor met since the last check or flush.
+    pub fn end_turn(&mut self, slot: usize, session: &Session) -> Result<(), KvError> {
+        self.append_new(slot, session)?;
+        self.handle.check()
+    }
+
+    /// Queues new positions, then waits until everything queued (every
+    /// slot) is on disk. Not needed for correctness (queued positions reach
+    /// the disk anyway); for callers that need durability now.
     pub fn persist(&mut self, slot: usize, session: &Session) -> Result<(), KvError> {
         self.append_new(slot, session)?;
         self.handle.flush()
     }
 
-    /// Waits until everything queued is on disk.
+    /// Waits until everything queued is on disk; returns the first write
+    /// error since the last check or flush.
     pub fn flush(&mut self) -> Result<(), KvError> {
         self.handle.flush()
     }
 
-    /// Keeps the first `len` positions of `slot` on disk. Never blocks.
+    /// The persistence queue's counters (how often a step waited for the
+    /// disk, bytes not yet written, ...).
+    pub fn queue_stats(&self) -> KvQueueStats {
+        self.handle.stats()
+    }
+
+    /// Keeps the first `len` positions of `slot` on disk. Waits only when the
+    /// queue is full.
     pub fn truncate(&mut self, slot: usize, len: usize) -> Result<(), KvError> {
         if let Some(done) = self.persisted.get_mut(slot)
             && len < *done
@@ -188,7 +228,7 @@ impl SlotStore {
         Ok(())
     }
 
-    /// Forgets `slot` on disk. Never blocks.
+    /// Forgets `slot` on disk. Waits only when the queue is full.
     pub fn reset(&mut self, slot: usize) -> Result<(), KvError> {
         if let Some(done) = self.persisted.get_mut(slot) {
             *done = 0;
@@ -196,8 +236,182 @@ impl SlotStore {
         self.handle.reset(slot)
     }
 
-    /// Flushes and stops the actor.
+    /// Waits until everything queued is on disk and stops the actor. (A
+    /// store dropped without this still writes what was queued.)
     pub fn close(self) -> Result<(), KvError> {
         self.handle.close().map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::any::Any;
+
+    use super::*;
+    use crate::model::lm::SequenceState;
+
+    const PAYLOAD: usize = 24;
+
+    /// A sequence state that stores each position's record as given.
+    struct FakeState(Vec<Vec<u8>>);
+
+    impl SequenceState for FakeState {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn truncate(&mut self, n: usize) {
+            self.0.truncate(n);
+        }
+        fn record_bytes(&self) -> usize {
+            PAYLOAD
+        }
+        fn position_bytes(&self, pos: usize) -> Vec<u8> {
+            self.0[pos].clone()
+        }
+        fn push_position_bytes(&mut self, bytes: &[u8]) -> bool {
+            if bytes.len() != PAYLOAD {
+                return false;
+            }
+            self.0.push(bytes.to_vec());
+            true
+        }
+        fn as_any_mut(&mut self) -> &mut dyn Any {
+            self
+        }
+    }
+
+    fn sessions(n: usize) -> Vec<Session> {
+        (0..n)
+            .map(|_| Session::new(Box::new(FakeState(Vec::new()))))
+            .collect()
+    }
+
+    fn payload(pos: usize, token: u32) -> Vec<u8> {
+        (0..PAYLOAD)
+            .map(|i| (pos * 7 + token as usize * 13 + i) as u8)
+            .collect()
+    }
+
+    /// One decode step: the token's position joins the cache and the history.
+    fn step(s: &mut Session, token: u32) {
+        let pos = s.tokens.len();
+        assert!(s.kv.push_position_bytes(&payload(pos, token)));
+        s.tokens.push(token);
+    }
+
+    fn open(dir: &Path, slots: &mut [Session]) -> SlotStore {
+        let mut diag = Vec::new();
+        let store = SlotStore::open(dir, slots, 0x5107, 10_000, &mut diag);
+        store.unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&diag)))
+    }
+
+    /// What a restart restores: each slot's tokens and records.
+    fn restored(dir: &Path, n: usize) -> Vec<(Vec<u32>, Vec<Vec<u8>>)> {
+        let mut slots = sessions(n);
+        let store = open(dir, &mut slots);
+        store.close().unwrap();
+        slots
+            .iter()
+            .map(|s| {
+                let recs = (0..s.kv.len()).map(|p| s.kv.position_bytes(p)).collect();
+                (s.tokens.clone(), recs)
+            })
+            .collect()
+    }
+
+    fn expected(s: &Session) -> (Vec<u32>, Vec<Vec<u8>>) {
+        (
+            s.tokens.clone(),
+            (0..s.kv.len()).map(|p| s.kv.position_bytes(p)).collect(),
+        )
+    }
+
+    #[test]
+    fn positions_appended_every_step_survive_without_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut slots = sessions(2);
+        let mut store = open(dir.path(), &mut slots);
+        for i in 0..300u32 {
+            step(&mut slots[0], 100 + i);
+            store.append_new(0, &slots[0]).unwrap();
+            if i % 3 == 0 {
+                step(&mut slots[1], 7000 + i);
+                store.append_new(1, &slots[1]).unwrap();
+            }
+        }
+        // A second call without new positions queues nothing.
+        let before = store.queue_stats();
+        store.append_new(0, &slots[0]).unwrap();
+        let after = store.queue_stats();
+        assert_eq!(before.messages + before.merged, after.messages + after.merged);
+        store.end_turn(0, &slots[0]).unwrap();
+        store.end_turn(1, &slots[1]).unwrap();
+        let s = store.queue_stats();
+        let bound = KvQueueLimits::default().bound_bytes(4 + PAYLOAD);
+        assert!(s.peak_unwritten_bytes <= bound, "{s:?}");
+        // Neither persist nor close: dropping the store still writes what was queued.
+        drop(store);
+        let want: Vec<_> = slots.iter().map(expected).collect();
+        assert_eq!(restored(dir.path(), 2), want);
+    }
+
+    #[test]
+    fn truncation_and_reset_between_turns_reach_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut slots = sessions(2);
+        let mut store = open(dir.path(), &mut slots);
+        for i in 0..40 {
+            step(&mut slots[0], i);
+            store.append_new(0, &slots[0]).unwrap();
+            step(&mut slots[1], i);
+        }
+        store.end_turn(0, &slots[0]).unwrap();
+        store.end_turn(1, &slots[1]).unwrap();
+        // Prefix reuse, told to the store ...
+        slots[0].truncate(12);
+        store.truncate(0, 12).unwrap();
+        for i in 0..5 {
+            step(&mut slots[0], 500 + i);
+            store.append_new(0, &slots[0]).unwrap();
+        }
+        // ... and a reset.
+        slots[1].reset();
+        store.reset(1).unwrap();
+        step(&mut slots[1], 900);
+        store.end_turn(1, &slots[1]).unwrap();
+        store.close().unwrap();
+        let want: Vec<_> = slots.iter().map(expected).collect();
+        assert_eq!(want[0].0.len(), 17);
+        assert_eq!(restored(dir.path(), 2), want);
+    }
+
+    #[test]
+    fn a_session_shortened_behind_the_stores_back_is_shortened_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut slots = sessions(1);
+        let mut store = open(dir.path(), &mut slots);
+        for i in 0..20 {
+            step(&mut slots[0], i);
+        }
+        // A prefill: many positions in one call.
+        store.append_new(0, &slots[0]).unwrap();
+        slots[0].truncate(5);
+        store.append_new(0, &slots[0]).unwrap();
+        store.flush().unwrap();
+        assert_eq!(restored_while_open(dir.path()), 5);
+        step(&mut slots[0], 77);
+        store.persist(0, &slots[0]).unwrap();
+        store.close().unwrap();
+        let want: Vec<_> = slots.iter().map(expected).collect();
+        assert_eq!(restored(dir.path(), 1), want);
+    }
+
+    /// Positions slot 0's file commits, read from a copy (the store is open).
+    fn restored_while_open(dir: &Path) -> u64 {
+        let copy = tempfile::tempdir().unwrap();
+        std::fs::copy(slot_path(dir, 0), slot_path(copy.path(), 0)).unwrap();
+        let layout = kv_layout(0x5107, PAYLOAD);
+        let (f, _) = KvFile::open(&slot_path(copy.path(), 0), layout, &mut |_, _| {}).unwrap();
+        f.len()
     }
 }

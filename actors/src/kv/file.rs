@@ -159,6 +159,48 @@ impl KvRecords {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }
+
+    /// An empty batch for `layout` with room for `records` records.
+    pub fn with_capacity(layout: KvLayout, records: usize) -> Self {
+        let record_size = layout.record_size();
+        KvRecords {
+            record_size,
+            bytes: Vec::with_capacity(records.saturating_mul(record_size)),
+        }
+    }
+
+    /// Bytes of the batch: records × record size.
+    pub fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Appends `other`'s records when they have this batch's record size and
+    /// the result stays within `max_bytes`; false (and nothing changed)
+    /// otherwise. The buffer never grows past `max_bytes`.
+    pub(crate) fn extend_within(&mut self, other: &KvRecords, max_bytes: usize) -> bool {
+        let needed = self.bytes.len() + other.bytes.len();
+        if other.record_size != self.record_size || needed > max_bytes {
+            return false;
+        }
+        if needed > self.bytes.capacity() {
+            // Amortised growth, capped at the merge limit.
+            let want = (2 * self.bytes.len()).clamp(needed, max_bytes);
+            self.bytes.reserve_exact(want - self.bytes.len());
+        }
+        self.bytes.extend_from_slice(&other.bytes);
+        true
+    }
+
+    /// Records `from..from + n` as a batch of their own (exact capacity).
+    pub(crate) fn slice(&self, from: usize, n: usize) -> KvRecords {
+        let rs = self.record_size;
+        let start = (from * rs).min(self.bytes.len());
+        let end = ((from + n) * rs).min(self.bytes.len());
+        KvRecords {
+            record_size: rs,
+            bytes: self.bytes[start..end].to_vec(),
+        }
+    }
 }
 
 /// An open state file positioned at its committed record count.

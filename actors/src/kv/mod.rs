@@ -13,8 +13,11 @@
 //! [`crash`] checks this beyond kill -9: it records the writer's operations
 //! and replays every state a power loss could leave.
 //!
-//! Writes happen on a dedicated thread ([`KvActor`]) so the decode loop never
-//! waits for the disk; see [`KvHandle`] for the no-blocking, no-loss policy.
+//! Writes happen on a dedicated thread ([`KvActor`]) behind a bounded queue:
+//! the decode loop waits for the disk only when the queue is full
+//! (back-pressure), after contiguous appends were merged; see [`KvHandle`]
+//! (and [`KvQueueLimits::bound_bytes`]) for the memory bound and the
+//! ordering and no-loss guarantees.
 
 mod actor;
 pub mod crash;
@@ -22,7 +25,10 @@ mod error;
 mod file;
 mod message;
 
-pub use actor::{DEFAULT_QUEUE_DEPTH, KvActor, KvHandle, KvSink};
+pub use actor::{
+    DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_QUEUE_DEPTH, KvActor, KvHandle, KvMonitor, KvQueueLimits,
+    KvQueueStats, KvSink,
+};
 pub use error::KvError;
 pub use file::{
     FORMAT_VERSION, HEADER_LEN, KV_FILE_NAME, KvFile, KvLayout, KvLoad, KvRecords, KvStorage, MAGIC,
