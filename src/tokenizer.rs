@@ -58,37 +58,66 @@ impl Tokenizer {
     }
 }
 
-/// Streams text for generated ids: decodes the growing suffix and emits only
-/// what is complete, so multi-byte characters split across tokens are never
-/// printed half.
+/// Streams text for generated ids and emits only what is complete, so
+/// multi-byte characters split across tokens are never printed half.
+///
+/// Each push decodes a short window, not the whole reply (which made a long
+/// reply quadratic): the text of `ids[prefix..read]` (already emitted) is
+/// compared with that of `ids[prefix..]`, and the difference is new. Decoding
+/// from `prefix` rather than from the start keeps context for tokenizers that
+/// treat a leading token specially (SentencePiece's leading space), since
+/// both texts start at the same token.
+#[derive(Default)]
 pub struct StreamDecoder {
     ids: Vec<u32>,
-    emitted: usize,
-}
-
-impl Default for StreamDecoder {
-    fn default() -> Self {
-        Self::new()
-    }
+    prefix: usize,
+    read: usize,
 }
 
 impl StreamDecoder {
     pub fn new() -> Self {
-        Self {
-            ids: Vec::new(),
-            emitted: 0,
-        }
+        Self::default()
     }
 
     /// Adds one id; returns the newly completed text.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
-        let text = tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') {
+        let done = tok.decode(&self.ids[self.prefix..self.read])?;
+        let text = tok.decode(&self.ids[self.prefix..])?;
+        if text.len() <= done.len() || text.ends_with('\u{FFFD}') || !text.is_char_boundary(done.len()) {
             return Ok(String::new());
         }
-        let new = text.get(self.emitted..).unwrap_or("").to_string();
-        self.emitted = text.len();
+        let new = text[done.len()..].to_string();
+        self.prefix = self.read;
+        self.read = self.ids.len();
         Ok(new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn bundled() -> Tokenizer {
+        Tokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny")).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The streamed pieces add up to the text of the whole reply.
+        #[test]
+        fn streamed_pieces_add_up_to_the_full_text(ids in proptest::collection::vec(0u32..2000, 1..120)) {
+            let tok = bundled();
+            let mut d = StreamDecoder::new();
+            let mut out = String::new();
+            for &id in &ids {
+                out.push_str(&d.push(&tok, id).unwrap());
+            }
+            let full = tok.decode(&ids).unwrap();
+            let full = full.trim_end_matches('\u{FFFD}');
+            prop_assert!(full.starts_with(&out), "{out:?} vs {full:?}");
+            prop_assert!(full.len() - out.len() <= 16, "{out:?} vs {full:?}");
+        }
     }
 }
