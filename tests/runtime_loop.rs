@@ -84,7 +84,8 @@ fn concurrent_greedy_streams_equal_each_stream_alone() {
         let h = lp.handle();
         let vocab = h.info().vocab as u32;
         let ps = prompts(vocab.min(200));
-        let mut streams: Vec<RequestStream> = ps.iter().map(|p| h.submit(req(p.clone(), 24)).unwrap()).collect();
+        let mut streams: Vec<RequestStream> =
+            ps.iter().map(|p| h.submit(req(p.clone(), 24)).unwrap()).collect();
         let together: Vec<_> = streams.iter_mut().map(drain).collect();
         let m = h.metrics();
         lp.shutdown().unwrap();
@@ -140,11 +141,12 @@ fn explicit_cancel_ends_with_cancelled() {
 fn admission_refuses_what_it_must() {
     let lp = start("fixtures/olmoe-tiny", 1, 1);
     let h = lp.handle();
-    let mut a = h.submit(GenRequest {
-        slot: SlotChoice::Exact(0),
-        ..req(vec![5, 6, 7], 400)
-    })
-    .unwrap();
+    let mut a = h
+        .submit(GenRequest {
+            slot: SlotChoice::Exact(0),
+            ..req(vec![5, 6, 7], 400)
+        })
+        .unwrap();
     first_token(&mut a);
     let expect_fail = |r: GenRequest| {
         let mut s = h.submit(r).unwrap();
@@ -172,7 +174,10 @@ fn admission_refuses_what_it_must() {
         expect_fail(req(vec![1; 2000], 1)),
         RequestError::ContextExceeded { used: 2000, .. }
     ));
-    assert!(matches!(expect_fail(req(vec![999_999], 1)), RequestError::BadToken { id: 999_999, .. }));
+    assert!(matches!(
+        expect_fail(req(vec![999_999], 1)),
+        RequestError::BadToken { id: 999_999, .. }
+    ));
     // One request may wait; the next is refused.
     let mut queued = h.submit(req(vec![1, 2], 2)).unwrap();
     assert_eq!(expect_fail(req(vec![3, 4], 2)), RequestError::QueueFull(1));
@@ -216,7 +221,11 @@ fn prefix_reuse_computes_only_the_new_tail() {
     p2.extend([40, 41]);
     let mut s = h.submit(req(p2.clone(), 3)).unwrap();
     match s.recv() {
-        Some(Event::Started { prefill, context_tokens, .. }) => {
+        Some(Event::Started {
+            prefill,
+            context_tokens,
+            ..
+        }) => {
             assert_eq!(context_tokens, p2.len());
             assert!(prefill <= 3, "only the tail is computed, got {prefill}");
         }

@@ -123,6 +123,7 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     let shape = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;
     let opts = EngineOptions {
         kv_slots: streams,
+        max_ctx: Some(args.prompt_len + args.tokens + 64),
         ..args.engine.options()
     };
     let prompts: Vec<Vec<u32>> = (0..streams as u64)
@@ -135,7 +136,10 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     eprintln!("bench: direct single stream ...");
     let mut engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     let step_dense = engine.model.step_dense_bytes() as f64;
-    let max_ctx = engine.model.max_positions().min(args.prompt_len + n + args.warmup + 64);
+    let max_ctx = engine
+        .model
+        .max_positions()
+        .min(args.prompt_len + n + args.warmup + 64);
     let mut session = engine.new_session();
     let mut sampler = Sampler::new(SamplingParams::default());
     // Every pass is run once unmeasured first, so each measured pass finds
@@ -183,7 +187,8 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     let ck = Checkpoint::open(&dir)?;
     let (map, _) = shape.expert_map(&ck, LoadOptions::default())?;
     drop(ck);
-    let expert_bytes = map.extents.iter().map(|e| e.bytes()).sum::<u64>() as f64 / map.extents.len().max(1) as f64;
+    let expert_bytes =
+        map.extents.iter().map(|e| e.bytes()).sum::<u64>() as f64 / map.extents.len().max(1) as f64;
     let bound = |r: &Run| {
         let touched = r.steps as f64 * step_dense + r.fetches as f64 * expert_bytes;
         let mem_secs = touched / mem_bw;
@@ -191,13 +196,22 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     };
 
     let mb = |b: f64| b / 1e6;
-    println!("model {}: {} layers, {} experts top-{}", dir.display(), shape.num_hidden_layers, shape.num_experts, shape.num_experts_per_tok);
+    println!(
+        "model {}: {} layers, {} experts top-{}",
+        dir.display(),
+        shape.num_hidden_layers,
+        shape.num_experts,
+        shape.num_experts_per_tok
+    );
     println!("{placement}");
     println!(
         "prompt {} tok, {n} tokens per stream, sampled streams at temperature {temp} (seeded)",
         args.prompt_len
     );
-    println!("memory bandwidth    {:>10.1} MB/s  (SIMD read of 1 GiB on the bench threads, best of 5, this run)", mb(mem_bw));
+    println!(
+        "memory bandwidth    {:>10.1} MB/s  (SIMD read of 1 GiB on the bench threads, best of 5, this run)",
+        mb(mem_bw)
+    );
     println!();
     println!(
         "{:<22} {:>8} {:>9} {:>10} {:>8} {:>12} {:>11} {:>10} {:>9}",
@@ -220,7 +234,11 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
             r.tok_per_s() / b
         );
         if r.bytes_read > 0 {
-            println!("{:<22} read from disk {:.1} MB/step", "", mb(r.bytes_read as f64 / steps));
+            println!(
+                "{:<22} read from disk {:.1} MB/step",
+                "",
+                mb(r.bytes_read as f64 / steps)
+            );
         }
     };
     let direct_tps = direct_tokens.len() as f64 / direct_secs.max(1e-9);
@@ -245,4 +263,3 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     }
     Ok(same)
 }
-

@@ -154,8 +154,9 @@ impl Chat {
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     check_sampling(args.temperature, args.top_p)?;
     let dir = args.model.resolve()?;
-    let engine =
-        Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
+    let mut opts = args.engine.options();
+    opts.max_ctx = Some(args.ctx.unwrap_or(super::serve::DEFAULT_CTX_CAP));
+    let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
     let loop_cfg = LoopConfig {
         slots: 1,

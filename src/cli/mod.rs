@@ -213,6 +213,7 @@ impl EngineArgs {
             disk_sim: self.disk_sim.clone(),
             overlap: !self.no_overlap,
             kv_slots: 1,
+            max_ctx: None,
             int8_acts: !self.f32_acts,
             placement: self.placement,
         }

@@ -14,7 +14,7 @@ use crate::serve::{LoopServer, MAX_KV_SLOTS, ServeConfig, run_serve};
 
 /// Upper bound of the default context, so a model advertising a huge
 /// window does not reserve memory for it unless asked (`--ctx`).
-const DEFAULT_CTX_CAP: usize = 8192;
+pub const DEFAULT_CTX_CAP: usize = 8192;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -118,6 +118,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let kv_slots = args.kv_slots as usize;
     let mut opts = args.engine.options();
     opts.kv_slots = kv_slots;
+    opts.max_ctx = Some(args.ctx.unwrap_or(DEFAULT_CTX_CAP));
     let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
     let state_dir = state_dir(&args, engine.state_fingerprint())?;

@@ -248,7 +248,9 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
                 kv_bytes: (cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 4) as u64
-                    * cfg.max_position_embeddings as u64
+                    * opts.max_ctx.map_or(cfg.max_position_embeddings, |c| {
+                        c.min(cfg.max_position_embeddings)
+                    }) as u64
                     * opts.kv_slots.max(1) as u64,
             };
             let (source, plan) =
@@ -273,7 +275,9 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
                 kv_bytes: (cfg.num_hidden_layers * per_pos * 4) as u64
-                    * cfg.max_position_embeddings as u64
+                    * opts.max_ctx.map_or(cfg.max_position_embeddings, |c| {
+                        c.min(cfg.max_position_embeddings)
+                    }) as u64
                     * opts.kv_slots.max(1) as u64,
             };
             let (source, plan) =

@@ -46,6 +46,9 @@ pub struct EngineOptions {
     pub overlap: bool,
     /// Conversations held at once (sizes the KV part of the memory budget).
     pub kv_slots: usize,
+    /// Positions a slot may hold (None: the model's limit); sizes the KV
+    /// part of the memory budget with `kv_slots`.
+    pub max_ctx: Option<usize>,
     /// Quantized matrices multiply through int8 activations (the default;
     /// `--f32-acts` turns it off). Like `--expert-bits`, a numeric choice:
     /// it changes the tokens, and the tokens then still never depend on
@@ -70,6 +73,7 @@ impl Default for EngineOptions {
             disk_sim: None,
             overlap: true,
             kv_slots: 1,
+            max_ctx: None,
             int8_acts: true,
             placement: Placement::Auto,
         }
