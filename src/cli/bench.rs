@@ -68,6 +68,9 @@ pub struct BenchArgs {
     /// streams route like different conversations.
     #[arg(long, default_value_t = 1.0)]
     pub stream_temperature: f32,
+    /// Interleaved rounds of the `--streams` runs (medians are printed).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     #[command(flatten)]
     pub engine: EngineArgs,
 }

@@ -57,6 +57,18 @@ fn request(prompt: &[u32], tokens: usize, temperature: f32, seed: u64) -> GenReq
     }
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The run with the median speed.
+fn median_run(mut v: Vec<Run>) -> Run {
+    v.sort_by(|a, b| a.tok_per_s().total_cmp(&b.tok_per_s()));
+    let mid = v.len() / 2;
+    v.swap_remove(mid)
+}
+
 /// Submits every request at once and reads all streams to their end.
 fn run_streams(lp: &DecodeLoop, reqs: Vec<GenRequest>) -> anyhow::Result<Run> {
     let h = lp.handle();
@@ -132,42 +144,6 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     let n = args.tokens;
     let temp = args.stream_temperature;
 
-    // 1. Direct, one greedy stream.
-    eprintln!("bench: direct single stream ...");
-    let mut engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
-    let step_dense = engine.model.step_dense_bytes() as f64;
-    let max_ctx = engine
-        .model
-        .max_positions()
-        .min(args.prompt_len + n + args.warmup + 64);
-    let mut session = engine.new_session();
-    let mut sampler = Sampler::new(SamplingParams::default());
-    // Every pass is run once unmeasured first, so each measured pass finds
-    // the experts it routes to already touched (page cache, decoded slots).
-    session.generate(&mut engine, &prompts[0], n, &mut sampler, &mut |_| true)?;
-    session.reset();
-    let t0 = Instant::now();
-    let mut direct_tokens = Vec::new();
-    session.generate(&mut engine, &prompts[0], n, &mut sampler, &mut |t| {
-        direct_tokens.push(t);
-        true
-    })?;
-    let direct_secs = t0.elapsed().as_secs_f64();
-    drop(session);
-    drop(engine);
-
-    // 2. Through the loop.
-    eprintln!("bench: decode loop, 1 and {streams} streams ...");
-    let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
-    let placement = engine.memory.to_string();
-    let cfg = LoopConfig {
-        slots: streams,
-        max_ctx,
-        queue_cap: streams,
-        threads: args.engine.threads.map(|t| t as usize),
-        ..LoopConfig::default()
-    };
-    let lp = DecodeLoop::spawn(engine, &cfg, Box::new(std::io::stderr()))?;
     let greedy_req = || vec![request(&prompts[0], n, 0.0, 0)];
     // Stream 0 of the concurrent set is the single stream.
     let multi_req = || {
@@ -175,15 +151,59 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
             .map(|i| request(&prompts[i], n, temp, 1 + i as u64))
             .collect::<Vec<_>>()
     };
-    run_streams(&lp, greedy_req())?;
-    let greedy = run_streams(&lp, greedy_req())?;
-    run_streams(&lp, multi_req())?;
-    let single = run_streams(&lp, multi_req().into_iter().take(1).collect())?;
-    let multi = run_streams(&lp, multi_req())?;
-    lp.shutdown()?;
+    let rounds = args.rounds.max(1);
+    let (mut direct, mut greedy, mut single, mut multi) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut direct_tokens = Vec::new();
+    let mut mem_bw = 0f64;
+    let mut step_dense = 0f64;
+    let mut placement = String::new();
+    for round in 1..=rounds {
+        // Direct, one greedy stream (the path before the runtime). Every
+        // pass runs once unmeasured first, so each measured pass finds the
+        // experts it routes to already touched (page cache, decoded slots).
+        eprintln!("bench: round {round}/{rounds}: direct single stream ...");
+        let mut engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+        step_dense = engine.model.step_dense_bytes() as f64;
+        let mut session = engine.new_session();
+        let mut sampler = Sampler::new(SamplingParams::default());
+        session.generate(&mut engine, &prompts[0], n, &mut sampler, &mut |_| true)?;
+        session.reset();
+        let t0 = Instant::now();
+        let mut toks = Vec::new();
+        session.generate(&mut engine, &prompts[0], n, &mut sampler, &mut |t| {
+            toks.push(t);
+            true
+        })?;
+        direct.push(toks.len() as f64 / t0.elapsed().as_secs_f64().max(1e-9));
+        direct_tokens = toks;
+        drop(session);
+        drop(engine);
+
+        eprintln!("bench: round {round}/{rounds}: decode loop, 1 and {streams} streams ...");
+        let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+        placement = engine.memory.to_string();
+        let max_ctx = engine.model.max_positions().min(args.prompt_len + n + 64);
+        let cfg = LoopConfig {
+            slots: streams,
+            max_ctx,
+            queue_cap: streams,
+            threads: args.engine.threads.map(|t| t as usize),
+            ..LoopConfig::default()
+        };
+        let lp = DecodeLoop::spawn(engine, &cfg, Box::new(std::io::sink()))?;
+        run_streams(&lp, greedy_req())?;
+        greedy.push(run_streams(&lp, greedy_req())?);
+        run_streams(&lp, multi_req())?;
+        single.push(run_streams(&lp, multi_req().into_iter().take(1).collect())?);
+        multi.push(run_streams(&lp, multi_req())?);
+        lp.shutdown()?;
+        // The roofline is the best read speed seen in any round.
+        mem_bw = mem_bw.max(memory_bandwidth(1 << 30));
+    }
+    let direct_tps = median(direct.clone());
+    let (greedy, single, multi) = (median_run(greedy), median_run(single), median_run(multi));
 
     // 3. The bounds.
-    let mem_bw = memory_bandwidth(1 << 30);
     let ck = Checkpoint::open(&dir)?;
     let (map, _) = shape.expert_map(&ck, LoadOptions::default())?;
     drop(ck);
@@ -209,8 +229,13 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
         args.prompt_len
     );
     println!(
-        "memory bandwidth    {:>10.1} MB/s  (SIMD read of 1 GiB on the bench threads, best of 5, this run)",
+        "memory bandwidth    {:>10.1} MB/s  (SIMD read of 1 GiB on the bench threads, best of 5 per round, best round)",
         mb(mem_bw)
+    );
+    println!("rounds              {rounds:>10}       (interleaved; each row is the median round)");
+    println!(
+        "direct rounds       {:?}",
+        direct.iter().map(|t| (t * 100.0).round() / 100.0).collect::<Vec<_>>()
     );
     println!();
     println!(
@@ -241,7 +266,6 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
             );
         }
     };
-    let direct_tps = direct_tokens.len() as f64 / direct_secs.max(1e-9);
     println!("{:<22} {:>8} {:>9.3}", "direct (greedy)", 1, direct_tps);
     row("loop, greedy", &greedy);
     row("loop, sampled", &single);

@@ -280,6 +280,22 @@ impl LoopActor {
             let _ = events.send(Event::Failed(RequestError::SlotBusy(slot)));
             return;
         };
+        // Checked before the slot changes: a refused request leaves it as it was.
+        let held_after = match req.mode {
+            PromptMode::Replace => req.prompt.len(),
+            PromptMode::Append => session.tokens.len() + req.prompt.len(),
+        };
+        if held_after + CTX_MARGIN > self.limits.max_ctx {
+            let _ = events.send(Event::Failed(RequestError::ContextExceeded {
+                used: held_after,
+                limit: self.limits.max_ctx,
+            }));
+            return;
+        }
+        if held_after == 0 {
+            let _ = events.send(Event::Failed(RequestError::EmptyPrompt));
+            return;
+        }
         let mut truncated_to = None;
         match req.mode {
             PromptMode::Replace => {
@@ -297,24 +313,10 @@ impl LoopActor {
         if session.kv.len() == session.tokens.len() && session.last_logits.is_none() {
             // Nothing to compute and no logits kept (a restored slot): the
             // last token is computed again to start the reply.
-            match session.kv.len() {
-                0 => {
-                    let _ = events.send(Event::Failed(RequestError::EmptyPrompt));
-                    return;
-                }
-                n => session.kv.truncate(n - 1),
-            }
+            let n = session.kv.len();
+            session.kv.truncate(n.saturating_sub(1));
         }
         let held = session.tokens.len();
-        if held + CTX_MARGIN > self.limits.max_ctx {
-            // Back to what it held: the request never happened.
-            session.tokens.truncate(held - req.prompt.len().min(held));
-            let _ = events.send(Event::Failed(RequestError::ContextExceeded {
-                used: held,
-                limit: self.limits.max_ctx,
-            }));
-            return;
-        }
         let prefill = held - session.kv.len();
         let budget = req.max_tokens.min(self.limits.max_ctx - held - CTX_MARGIN);
         if let Some(len) = truncated_to {
