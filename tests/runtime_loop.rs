@@ -235,3 +235,47 @@ fn prefix_reuse_computes_only_the_new_tail() {
     assert_eq!(fin.unwrap().usage.prompt_tokens, p2.len());
     lp.shutdown().unwrap();
 }
+
+/// A request cancelled while its step waits on a slow disk ends as
+/// cancelled, and the slot it used is left clean: the next request on it
+/// produces exactly what it produces on a fresh loop. (Whether the cancel
+/// lands before or during the step depends on scheduling; both paths must
+/// satisfy the same checks.)
+#[test]
+fn a_cancel_during_slow_loads_leaves_the_slot_clean() {
+    let slow = |sim: Option<&str>| {
+        let opts = EngineOptions {
+            disk_sim: sim.map(str::to_string),
+            cache_cap: Some(2),
+            ..EngineOptions::default()
+        };
+        let engine = Engine::load(&model("fixtures/olmoe-tiny"), &opts).unwrap();
+        let cfg = LoopConfig {
+            slots: 1,
+            max_ctx: 512,
+            queue_cap: 4,
+            threads: Some(2),
+            ..LoopConfig::default()
+        };
+        DecodeLoop::spawn(engine, &cfg, Box::new(std::io::sink())).unwrap()
+    };
+    let lp = slow(Some("bw=200KB/s,lat=20ms"));
+    let h = lp.handle();
+    let mut a = h.submit(req((1..60).collect(), 50)).unwrap();
+    match a.recv() {
+        Some(Event::Started { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    a.cancel();
+    let (_, _, fin) = drain(&mut a);
+    assert_eq!(fin.unwrap().reason, FinishReason::Cancelled);
+    // It extends the cancelled prompt, so whatever the slot kept is reused.
+    let follow = (1..70).collect::<Vec<u32>>();
+    let (after, _, _) = drain(&mut h.submit(req(follow.clone(), 6)).unwrap());
+    lp.shutdown().unwrap();
+
+    let fresh = slow(None);
+    let (expect, _, _) = drain(&mut fresh.handle().submit(req(follow, 6)).unwrap());
+    fresh.shutdown().unwrap();
+    assert_eq!(after, expect);
+}
