@@ -235,7 +235,10 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     println!("rounds              {rounds:>10}       (interleaved; each row is the median round)");
     println!(
         "direct rounds       {:?}",
-        direct.iter().map(|t| (t * 100.0).round() / 100.0).collect::<Vec<_>>()
+        direct
+            .iter()
+            .map(|t| (t * 100.0).round() / 100.0)
+            .collect::<Vec<_>>()
     );
     println!();
     println!(

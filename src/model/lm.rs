@@ -60,6 +60,24 @@ pub struct BatchItem<'a> {
     pub logits: Logits,
 }
 
+/// The batch's states as the family's own state type `S` (each item with
+/// its tokens and logits choice); `ForwardError::State` if one is not.
+pub fn downcast_batch<'a, S: 'static>(
+    items: &'a mut [BatchItem<'_>],
+) -> Result<Vec<(&'a [u32], &'a mut S, Logits)>, ForwardError> {
+    items
+        .iter_mut()
+        .map(|it| {
+            let st = it
+                .state
+                .as_any_mut()
+                .downcast_mut::<S>()
+                .ok_or(ForwardError::State)?;
+            Ok((it.tokens, st, it.logits))
+        })
+        .collect()
+}
+
 /// Checks that `tokens` can follow `have` positions: ids inside the
 /// vocabulary, positions inside the context. Run for every sequence before
 /// a batched step touches any state, so a bad request fails alone.

@@ -12,7 +12,8 @@ use crate::config::GlmConfig;
 use crate::config::glm::MlaFamily;
 use crate::model::expert::ExpertWeights;
 use crate::model::lm::{
-    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, fingerprint, logit_rows,
+    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
+    logit_rows,
 };
 use crate::model::ops::{Rope, rms_norm};
 
@@ -477,15 +478,7 @@ impl LanguageModel for Glm {
         items: &mut [BatchItem<'_>],
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut seqs = Vec::with_capacity(items.len());
-        for it in items.iter_mut() {
-            let st = it
-                .state
-                .as_any_mut()
-                .downcast_mut::<GlmState>()
-                .ok_or(ForwardError::State)?;
-            seqs.push((it.tokens, st, it.logits));
-        }
+        let mut seqs = downcast_batch::<GlmState>(items)?;
         self.forward_states(&mut seqs, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {

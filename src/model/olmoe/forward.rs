@@ -12,7 +12,8 @@ use crate::config::OlmoeConfig;
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;
 use crate::model::lm::{
-    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, fingerprint, logit_rows,
+    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
+    logit_rows,
 };
 use crate::model::ops::{Rope, rms_norm};
 
@@ -235,15 +236,7 @@ impl LanguageModel for Olmoe {
         items: &mut [BatchItem<'_>],
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut seqs = Vec::with_capacity(items.len());
-        for it in items.iter_mut() {
-            let kv = it
-                .state
-                .as_any_mut()
-                .downcast_mut::<KvCache>()
-                .ok_or(ForwardError::State)?;
-            seqs.push((it.tokens, kv, it.logits));
-        }
+        let mut seqs = downcast_batch::<KvCache>(items)?;
         self.forward_seqs(&mut seqs, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
