@@ -60,11 +60,14 @@ pub struct BatchItem<'a> {
     pub logits: Logits,
 }
 
+/// One sequence of a batch with its state as the family's own type.
+pub type TypedItem<'a, S> = (&'a [u32], &'a mut S, Logits);
+
 /// The batch's states as the family's own state type `S` (each item with
 /// its tokens and logits choice); `ForwardError::State` if one is not.
 pub fn downcast_batch<'a, S: 'static>(
     items: &'a mut [BatchItem<'_>],
-) -> Result<Vec<(&'a [u32], &'a mut S, Logits)>, ForwardError> {
+) -> Result<Vec<TypedItem<'a, S>>, ForwardError> {
     items
         .iter_mut()
         .map(|it| {
