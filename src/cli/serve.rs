@@ -10,6 +10,7 @@ use super::{EngineArgs, ModelArg};
 use crate::engine::Engine;
 use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
 use crate::runtime::{DecodeLoop, LoopConfig};
+use crate::serve::batch::{self, BatchConfig};
 use crate::serve::{LoopServer, MAX_KV_SLOTS, ServeConfig, run_serve};
 
 /// Upper bound of the default context, so a model advertising a huge
@@ -48,6 +49,10 @@ pub struct ServeArgs {
     /// Seed for chat lines (default: a fresh one per reply).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Speak the multiplexed protocol (docs/serve-batch-protocol.md): SUBMIT
+    /// frames with client ids, several requests in flight at once.
+    #[arg(long)]
+    pub batch: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -131,6 +136,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let decode = DecodeLoop::spawn(engine, &loop_cfg, Box::new(std::io::stderr()))
         .with_context(|| format!("preparing {} for serving", dir.display()))?;
+    if args.batch {
+        decode.handle().info().tokenizer().context("serving --batch")?;
+        let cfg = BatchConfig {
+            top_k: args.top_k,
+            max_tokens: args.max_tokens,
+            seed: args.seed,
+        };
+        return batch::serve_stdio(decode, &cfg).context("serving --batch");
+    }
     let mut server = LoopServer::new(decode.handle(), args.top_k).context("starting the decode loop")?;
     let cfg = ServeConfig {
         kv_slots,

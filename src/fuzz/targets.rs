@@ -1,4 +1,4 @@
-//! The four fuzz targets: seeds, how to mutate them, and what must hold.
+//! The fuzz targets: seeds, how to mutate them, and what must hold.
 
 use std::io::Cursor;
 use std::path::Path;
@@ -10,6 +10,7 @@ use super::Verdict;
 use super::mutate::{Rng, byte_mutation, json_mutation, number_mutation};
 use crate::config::{GlmConfig, OlmoeConfig};
 use crate::quant::{ByteStore, QFormat};
+use crate::serve::batch::codec::{self as batch, Decoder, Item};
 use crate::serve::{Frame, FrameLimits, FrameReader};
 use crate::st::{Dtype, decode_f32, matrix_from_bytes, parse_header};
 
@@ -50,6 +51,12 @@ pub fn all_targets() -> Vec<Target> {
             seeds: frame_seeds,
             mutate: bytes_mutate,
             check: frame_check,
+        },
+        Target {
+            name: "serve-batch-frames",
+            seeds: batch_seeds,
+            mutate: batch_mutate,
+            check: batch_check,
         },
     ]
 }
@@ -439,6 +446,90 @@ fn frame_check(input: &[u8]) -> Verdict {
         }
     }
     Verdict::Broken("the reader stopped consuming input".into())
+}
+
+// ---- serve --batch frames ---------------------------------------------------
+
+fn batch_seeds() -> Vec<Vec<u8>> {
+    let mut a = batch::submit_frame("1", 0, 16, 0.7, 0.95, b"<|user|>\nhi\n<|assistant|>\n");
+    a.extend_from_slice(b"STOP 1\nCANCEL 2\n");
+    let mut b = b"SUBMIT req-7 3 5 8 0 1 0 12\r\nab\ncd\r\nIMAGE 9 3 2 2\nxyz\n".to_vec();
+    b.extend(batch::submit_frame("9", 1, 4, 0.0, 1.0, b"x"));
+    vec![
+        a,
+        b,
+        b"SUBMIT 4 2 0 1 2 1\n\nCANCEL 4\nnot a command\n\n".to_vec(),
+        b"SUBMIT 5 0 3 8 0 1 2\nabcde\nSUBMIT 6 0 x 8 0 1\nSTOP 6".to_vec(),
+    ]
+}
+
+/// Mostly byte edits, some edits of the numbers (lengths, slots, limits).
+fn batch_mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
+    let mut v = base.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        if rng.below(4) == 0 {
+            number_mutation(rng, &mut v);
+        } else {
+            byte_mutation(rng, &mut v, other);
+        }
+    }
+    v
+}
+
+const BATCH_SLOTS: usize = 4;
+const BATCH_MAX_PAYLOAD: u64 = 4096;
+
+fn batch_decode(input: &[u8], chunk: usize) -> Vec<Item> {
+    let mut d = Decoder::new(batch::Limits {
+        slots: BATCH_SLOTS,
+        max_payload: BATCH_MAX_PAYLOAD,
+    });
+    let mut out = Vec::new();
+    for piece in input.chunks(chunk.max(1)) {
+        d.push(piece, &mut out);
+    }
+    out.extend(d.finish());
+    out
+}
+
+/// The same items whether the input comes whole or byte by byte; every
+/// request within the limits, with a valid id.
+fn batch_check(input: &[u8]) -> Verdict {
+    let whole = batch_decode(input, input.len());
+    let bytewise = batch_decode(input, 1);
+    if whole != bytewise {
+        return Verdict::Broken(format!("chunking changed the frames: {whole:?} vs {bytewise:?}"));
+    }
+    let mut submits = 0u64;
+    for item in &whole {
+        let id = match item {
+            Item::Submit(s) => {
+                let ok = s.slot < BATCH_SLOTS
+                    && s.prompt.len() as u64 <= BATCH_MAX_PAYLOAD
+                    && s.max_tokens >= 1
+                    && (0.0..=2.0).contains(&s.temperature)
+                    && s.top_p > 0.0
+                    && s.top_p <= 1.0;
+                if !ok {
+                    return Verdict::Broken(format!("accepted {s:?}"));
+                }
+                submits += 1;
+                Some(&s.id)
+            }
+            Item::Stop(id) | Item::Cancel(id) | Item::Image(id) => Some(id),
+            Item::Rejected { id, .. } => id.as_ref(),
+        };
+        if let Some(id) = id
+            && batch::parse_id(id.as_bytes()).as_ref() != Some(id)
+        {
+            return Verdict::Broken(format!("invalid id {id:?}"));
+        }
+    }
+    if submits > 0 {
+        Verdict::Accepted
+    } else {
+        Verdict::Refused
+    }
 }
 
 #[cfg(test)]

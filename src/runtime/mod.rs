@@ -10,7 +10,7 @@ pub mod request;
 pub mod stop;
 
 pub use decode_loop::{
-    DecodeLoop, LoopConfig, LoopError, LoopHandle, MetricsSnapshot, ModelInfo, RequestStream,
+    Canceller, DecodeLoop, LoopConfig, LoopError, LoopHandle, MetricsSnapshot, ModelInfo, RequestStream,
 };
 pub use request::{
     Event, Finish, FinishReason, GenRequest, MAX_SLOTS, PromptMode, RequestError, RequestId, SlotChoice,

@@ -1,4 +1,5 @@
-//! `coli serve`: the stdin/stdout protocol of docs/serve-protocol.md.
+//! `coli serve`: the stdin/stdout protocol of docs/serve-protocol.md, and
+//! (`--batch`, in [`batch`]) the multiplexed one of docs/serve-batch-protocol.md.
 //!
 //! Three layers, each testable alone:
 //! - [`frame`]: bytes in -> [`Frame`]s, never desynchronising on bad input;
@@ -42,6 +43,7 @@
 //! where `len` counts the slot's tokens after the prefill; `length_limited`
 //! is `emitted >= budget`, exactly as upstream.
 
+pub mod batch;
 mod error;
 pub mod frame;
 mod loop_engine;

@@ -392,6 +392,36 @@ impl RequestStream {
         // Full inbox: the loop also notices a dropped stream on its own.
         let _ = self.tx.try_send(LoopMsg::Cancel { id: self.id });
     }
+
+    /// A handle that cancels this request from another thread while this
+    /// stream is being read (a blocking `recv` holds `&mut self`).
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            id: self.id,
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+/// Cancels one request without owning its stream (see
+/// [`RequestStream::canceller`]); the stream still receives the `Done`.
+#[derive(Clone)]
+pub struct Canceller {
+    id: RequestId,
+    tx: flume::Sender<LoopMsg>,
+}
+
+impl Canceller {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// Asks the loop to end the request (a no-op once it has ended). Waits
+    /// for room in the loop's inbox rather than dropping the request: the
+    /// stream is still alive, so nothing else would tell the loop.
+    pub fn cancel(&self) {
+        let _ = self.tx.send(LoopMsg::Cancel { id: self.id });
+    }
 }
 
 impl Drop for RequestStream {
