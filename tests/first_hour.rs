@@ -228,3 +228,52 @@ fn chat_reset_confirms_and_stderr_is_plain_text() {
         "ANSI escapes on a non-terminal stderr: {err:?}"
     );
 }
+
+#[test]
+fn doctor_describes_the_machine_and_the_bundled_model() {
+    let home = tempfile::tempdir().expect("tmp");
+    let o = run(
+        &["doctor", "--probe-mb", "1"],
+        &[("HOME", home.path()), ("XDG_STATE_HOME", home.path())],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    for key in [
+        "cpu ",
+        "kernels ",
+        "budget ",
+        "disk ",
+        "model ",
+        "formats ",
+        "experts ",
+        "placement ",
+        "O_DIRECT ",
+        "state ",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(key)),
+            "no {key:?} line in:\n{out}"
+        );
+    }
+    assert!(out.contains("colibri-tiny"), "{out}");
+}
+
+#[test]
+fn doctor_names_a_broken_model_directory() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    std::fs::write(tmp.path().join("config.json"), "{\"model_type\": \"olmoe\"}").expect("write");
+    std::fs::write(
+        tmp.path().join("model.safetensors"),
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{not json",
+    )
+    .expect("write");
+    let dir = tmp.path().to_str().expect("utf8");
+    let o = run(&["doctor", "--model", dir, "--probe-mb", "0"], &[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let problem = out
+        .lines()
+        .find(|l| l.starts_with("PROBLEM"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(problem.contains("model.safetensors"), "{problem}");
+}

@@ -7,6 +7,7 @@ pub mod bench;
 mod bench_streams;
 pub mod chat;
 pub mod convert;
+pub mod doctor;
 pub mod run;
 pub mod serve;
 pub mod synth;
@@ -42,6 +43,9 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Measure decode speed against the I/O and compute bounds.
     Bench(bench::BenchArgs),
+    /// The machine and the install on one screen (CPU, kernels, memory
+    /// budget, disk, a model's formats and integrity, state files).
+    Doctor(doctor::DoctorArgs),
 }
 
 impl Command {
@@ -53,7 +57,7 @@ impl Command {
             Command::Serve(a) => Some(&a.engine),
             Command::Chat(a) => Some(&a.engine),
             Command::Bench(a) => Some(&a.engine),
-            Command::Convert(_) | Command::Synth(_) => None,
+            Command::Convert(_) | Command::Synth(_) | Command::Doctor(_) => None,
         }
     }
 }
