@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use colibri::cli::{Cli, Command, bench, chat, convert, doctor, run, serve, synth, validate};
+use colibri::cli::{Cli, Command, bench, chat, convert, doctor, plan, run, serve, synth, validate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -39,6 +39,7 @@ fn main() -> ExitCode {
                 Command::Synth(a) => synth::run(a).map(|_| true),
                 Command::Bench(a) => bench::run(a),
                 Command::Doctor(a) => doctor::run(a),
+                Command::Plan(a) => plan::run(a).map(|_| true),
                 Command::Serve(a) => serve::run(a).map(|_| true),
                 Command::Chat(a) => chat::run(a).map(|_| true),
             }),

@@ -277,3 +277,46 @@ fn doctor_names_a_broken_model_directory() {
         .unwrap_or_else(|| panic!("{out}"));
     assert!(problem.contains("model.safetensors"), "{problem}");
 }
+
+#[test]
+fn plan_predicts_a_consistent_range_and_refuses_bad_budgets() {
+    let o = run(
+        &["plan", "--json", "--probe-mb", "1", "--probe-experts", "4"],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("plan --json is JSON");
+    let f = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {p}"));
+    assert!(
+        f("tok_per_s_low") > 0.0 && f("tok_per_s_low") <= f("tok_per_s_high"),
+        "{p}"
+    );
+    assert_eq!(p["placement"], "mapped", "the bundled model fits anywhere: {p}");
+    assert_eq!(f("expected_hit_rate"), 1.0);
+    assert!(f("bytes_per_token") > 0.0 && f("expert_bytes") > 0.0);
+
+    // A budget smaller than the experts streams them, with a lower hit rate.
+    let small = run(
+        &[
+            "plan",
+            "--json",
+            "--probe-mb",
+            "1",
+            "--probe-experts",
+            "4",
+            "--ram-gb",
+            "0.253",
+            "--ctx",
+            "64",
+        ],
+        &[],
+    );
+    assert!(small.status.success(), "{}", stderr(&small));
+    let s: serde_json::Value = serde_json::from_slice(&small.stdout).expect("json");
+    assert_eq!(s["placement"], "streamed", "{s}");
+    assert!(s["expected_hit_rate"].as_f64().unwrap_or(1.0) < 1.0, "{s}");
+
+    let bad = run(&["plan", "--ram-gb", "-1"], &[]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--ram-gb"), "{}", stderr(&bad));
+}

@@ -12,7 +12,6 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use rayon::prelude::*;
 
 use super::bench::BenchArgs;
 use crate::engine::{Engine, EngineOptions};
@@ -20,7 +19,7 @@ use crate::model::olmoe::LoadOptions;
 use crate::runtime::{DecodeLoop, Event, GenRequest, LoopConfig, PromptMode, SlotChoice};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::st::Checkpoint;
-use crate::synth::{ModelShape, read_bandwidth, synthetic_prompt};
+use crate::synth::{ModelShape, memory_bandwidth, read_bandwidth, synthetic_prompt};
 use colibri_actors::StorageOptions;
 
 /// What one loop run did.
@@ -103,26 +102,6 @@ fn run_streams(lp: &DecodeLoop, reqs: Vec<GenRequest>) -> anyhow::Result<Run> {
         fetches: (s1.hits + s1.misses) - (s0.hits + s0.misses),
         bytes_read: s1.bytes_read - s0.bytes_read,
     })
-}
-
-/// Read bandwidth of memory with the bench's threads: the best of five
-/// passes of the kernels' SIMD read (the same loads and prefetching the
-/// matmul kernels use) over a buffer larger than any cache.
-fn memory_bandwidth(bytes: usize) -> f64 {
-    let k = crate::kernels::dispatch();
-    let buf: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
-    let mut best = 0f64;
-    for _ in 0..5 {
-        let t0 = Instant::now();
-        let sum = buf
-            .par_chunks(1 << 16)
-            .map(|c| k.read_sum(c))
-            .reduce(|| 0, u64::wrapping_add);
-        let secs = t0.elapsed().as_secs_f64();
-        std::hint::black_box(sum);
-        best = best.max(bytes as f64 / secs);
-    }
-    best
 }
 
 pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {

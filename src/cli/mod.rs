@@ -8,6 +8,7 @@ mod bench_streams;
 pub mod chat;
 pub mod convert;
 pub mod doctor;
+pub mod plan;
 pub mod run;
 pub mod serve;
 pub mod synth;
@@ -46,6 +47,9 @@ pub enum Command {
     /// The machine and the install on one screen (CPU, kernels, memory
     /// budget, disk, a model's formats and integrity, state files).
     Doctor(doctor::DoctorArgs),
+    /// What a model will do here before it runs: residency, cache, placement,
+    /// the expected decode speed range.
+    Plan(plan::PlanArgs),
 }
 
 impl Command {
@@ -57,7 +61,7 @@ impl Command {
             Command::Serve(a) => Some(&a.engine),
             Command::Chat(a) => Some(&a.engine),
             Command::Bench(a) => Some(&a.engine),
-            Command::Convert(_) | Command::Synth(_) | Command::Doctor(_) => None,
+            Command::Convert(_) | Command::Synth(_) | Command::Doctor(_) | Command::Plan(_) => None,
         }
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use colibri_actors::{PipelineProfile, SourceStats};
 
 use super::WyRand;
@@ -174,6 +176,26 @@ fn timed_pass(
         window: stats_delta(before.0, engine.stats()),
         profile,
     })
+}
+
+/// Read bandwidth of memory with the calling pool's threads: the best of five
+/// passes of the kernels' SIMD read (the same loads and prefetching the
+/// matmul kernels use) over a buffer larger than any cache.
+pub fn memory_bandwidth(bytes: usize) -> f64 {
+    let k = crate::kernels::dispatch();
+    let buf: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let sum = buf
+            .par_chunks(1 << 16)
+            .map(|c| k.read_sum(c))
+            .reduce(|| 0, u64::wrapping_add);
+        let secs = t0.elapsed().as_secs_f64();
+        std::hint::black_box(sum);
+        best = best.max(bytes as f64 / secs);
+    }
+    best
 }
 
 #[cfg(test)]

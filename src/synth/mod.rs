@@ -16,7 +16,9 @@ mod spec;
 
 pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
 pub use glm::GlmShape;
-pub use measure::{PassResult, decode_pass, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt};
+pub use measure::{
+    PassResult, decode_pass, memory_bandwidth, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt,
+};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
 pub use shape::ModelShape;
 pub use spec::{SpecError, SynthSpec};

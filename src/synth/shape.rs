@@ -86,4 +86,24 @@ impl ModelShape {
             Family::Glm(c) => crate::model::glm::expert_map(c, ck, opts, false),
         }
     }
+
+    /// Bytes one position of one sequence takes in the KV cache (f32):
+    /// K and V per layer for plain attention, the compressed latent, rope
+    /// key and indexer key per layer for MLA.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        match &self.family {
+            Family::Olmoe(c) => (c.num_hidden_layers * 2 * c.kv_heads() * c.head_dim() * 4) as u64,
+            Family::Glm(c) => {
+                (c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim()) * 4) as u64
+            }
+        }
+    }
+
+    /// Positions the model supports.
+    pub fn max_positions(&self) -> usize {
+        match &self.family {
+            Family::Olmoe(c) => c.max_position_embeddings,
+            Family::Glm(c) => c.max_position_embeddings,
+        }
+    }
 }
