@@ -12,6 +12,7 @@ pub mod config;
 pub mod convert;
 pub mod engine;
 pub mod fuzz;
+pub mod http;
 pub mod kernels;
 pub mod model;
 pub mod quant;

@@ -1,6 +1,7 @@
 //! `coli serve`: the stdin protocol (docs/serve-protocol.md) over the real engine.
 
 use std::io::{BufWriter, Write};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -9,9 +10,13 @@ use clap::Args;
 use super::{EngineArgs, ModelArg};
 use crate::engine::Engine;
 use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
+use crate::http::{Defaults, HttpConfig};
 use crate::runtime::{DecodeLoop, LoopConfig};
 use crate::serve::batch::{self, BatchConfig};
 use crate::serve::{LoopServer, MAX_KV_SLOTS, ServeConfig, run_serve};
+
+/// Concurrent requests of `--http` when --kv-slots is not given.
+const HTTP_DEFAULT_SLOTS: usize = 4;
 
 /// Upper bound of the default context, so a model advertising a huge
 /// window does not reserve memory for it unless asked (`--ctx`).
@@ -21,17 +26,35 @@ pub const DEFAULT_CTX_CAP: usize = 8192;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArg,
-    /// Independent conversations (PROMPT's kv_slot), 1..16.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=MAX_KV_SLOTS as u64))]
-    pub kv_slots: u64,
+    /// Independent conversations (PROMPT's kv_slot), 1..16; with --http the
+    /// requests decoded at once (default 1, 4 with --http).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_KV_SLOTS as u64))]
+    pub kv_slots: Option<u64>,
     /// Directory of the conversation state files (default:
-    /// $XDG_STATE_HOME/colibri/<model fingerprint>, ~/.local/state/... when unset).
+    /// $XDG_STATE_HOME/colibri/<model fingerprint>, ~/.local/state/... when unset;
+    /// with --http nothing is saved unless this is given).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Serve the OpenAI-compatible HTTP API (docs/http-api.md) on ADDR
+    /// instead of the stdin protocol: HOST:PORT, or a bare PORT on loopback
+    /// (0 picks a free port).
+    #[arg(long, value_name = "ADDR", value_parser = crate::http::parse_addr)]
+    pub http: Option<SocketAddr>,
+    /// With --http: every endpoint but /health wants `Authorization: Bearer KEY`.
+    #[arg(long, env = "COLI_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// With --http: requests that may wait for a slot; more get 429.
+    #[arg(long, value_name = "N", requires = "http", allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub queue: Option<usize>,
+    /// With --http: largest request body in bytes; larger ones get 413.
+    #[arg(long, value_name = "BYTES", requires = "http", default_value_t = crate::http::DEFAULT_MAX_BODY,
+          allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub max_body: usize,
     /// Do not save or restore conversations.
     #[arg(long)]
     pub no_kv_save: bool,
-    /// Tokens per chat reply, and the cap on PROMPT's max_tokens.
+    /// Tokens per chat reply, and the cap on PROMPT's max_tokens; with
+    /// --http, what a request that names no limit gets.
     #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = super::parse_count)]
     pub max_tokens: usize,
     /// Context length per slot (default: the model's, at most 8192).
@@ -87,7 +110,7 @@ pub fn check_sampling(temperature: f32, top_p: f32) -> anyhow::Result<()> {
 /// otherwise `None`, with the reason on stderr. A directory other users can
 /// write to is an error, not a warning: the user asked for something unsafe.
 fn state_dir(args: &ServeArgs, fingerprint: u64) -> anyhow::Result<Option<PathBuf>> {
-    if args.no_kv_save {
+    if args.no_kv_save || (args.http.is_some() && args.state_dir.is_none()) {
         return Ok(None);
     }
     let dir = match &args.state_dir {
@@ -119,8 +142,18 @@ fn state_dir(args: &ServeArgs, fingerprint: u64) -> anyhow::Result<Option<PathBu
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     check_sampling(args.temperature, args.top_p)?;
+    if args.http.is_some() && args.api_key.as_deref() == Some("") {
+        return Err(super::usage("--api-key must not be empty"));
+    }
+    if args.max_body == 0 {
+        return Err(super::usage("--max-body must be at least 1"));
+    }
     let dir = args.model.resolve()?;
-    let kv_slots = args.kv_slots as usize;
+    let kv_slots = match args.kv_slots {
+        Some(n) => n as usize,
+        None if args.http.is_some() => HTTP_DEFAULT_SLOTS,
+        None => 1,
+    };
     let mut opts = args.engine.options();
     opts.kv_slots = kv_slots;
     opts.max_ctx = Some(args.ctx.unwrap_or(DEFAULT_CTX_CAP));
@@ -132,6 +165,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_ctx,
         threads: args.engine.threads.map(|t| t as usize),
         state_dir: state_dir.clone(),
+        queue_cap: args.queue.unwrap_or(LoopConfig::default().queue_cap),
         ..LoopConfig::default()
     };
     let decode = DecodeLoop::spawn(engine, &loop_cfg, Box::new(std::io::stderr()))
@@ -144,6 +178,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             seed: args.seed,
         };
         return batch::serve_stdio(decode, &cfg).context("serving --batch");
+    }
+    if let Some(addr) = args.http {
+        decode.handle().info().tokenizer().context("serving --http")?;
+        return serve_http(decode, addr, &args, &dir, (kv_slots, max_ctx, state_dir));
     }
     let mut server = LoopServer::new(decode.handle(), args.top_k).context("starting the decode loop")?;
     let cfg = ServeConfig {
@@ -172,4 +210,43 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     served.context("serving")?;
     decode.shutdown().context("stopping the decode loop")?;
     Ok(())
+}
+
+/// `--http`: the HTTP API over the loop until SIGINT/SIGTERM.
+fn serve_http(
+    decode: DecodeLoop,
+    addr: SocketAddr,
+    args: &ServeArgs,
+    dir: &std::path::Path,
+    (slots, max_ctx, state_dir): (usize, usize, Option<PathBuf>),
+) -> anyhow::Result<()> {
+    let cfg = HttpConfig {
+        addr,
+        api_key: args.api_key.clone(),
+        max_body: args.max_body,
+        defaults: Defaults {
+            max_tokens: args.max_tokens,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: args.seed,
+        },
+    };
+    let saving = match (decode.handle().info().saving, &state_dir) {
+        (true, Some(d)) => format!("saving to {}", d.display()),
+        _ => "saving off".to_string(),
+    };
+    let open = !addr.ip().is_loopback() && args.api_key.is_none();
+    crate::http::serve(decode, cfg, |bound| {
+        if open {
+            eprintln!(
+                "coli serve: warning: {bound} is reachable from other machines and no --api-key is set"
+            );
+        }
+        eprintln!(
+            "coli serve: {} listening on http://{bound} ({slots} slot(s), context {max_ctx}, {saving})",
+            dir.display()
+        );
+    })
+    .context("serving HTTP")
 }

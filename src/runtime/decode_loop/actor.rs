@@ -77,6 +77,9 @@ impl LoopActor {
                 break;
             }
             if idle {
+                // The last step may have ended the last request: the gauges
+                // must say so while the loop sleeps.
+                self.publish_gauges();
                 match self.inbox.recv() {
                     Ok(m) => self.on_msg(m),
                     // Every handle is gone: nobody can talk to us again.

@@ -1,0 +1,37 @@
+//! `coli serve --http ADDR`: an OpenAI-compatible HTTP API (chat
+//! completions, completions, models) plus Anthropic's Messages API, as a
+//! front end of the decode-loop actor (docs/http-api.md).
+//!
+//! Each file has one job:
+//! - [`server`] holds binding, the router, graceful shutdown on SIGINT/SIGTERM;
+//! - [`state`] holds what every handler shares (the loop handle, defaults, ids);
+//! - [`auth`] holds the API key check;
+//! - [`json`] holds reading request bodies (typed getters that name the
+//!   parameter in their errors) and writing JSON replies;
+//! - [`error`] holds errors in OpenAI's and Anthropic's shapes, with statuses;
+//! - [`request`] holds server defaults and the [`GenRequest`](crate::runtime::GenRequest) a call becomes;
+//! - [`generate`] holds one admitted request's events, and why it stopped;
+//! - [`sse`] holds server-sent events over a running request;
+//! - [`openai`] holds `/v1/chat/completions` and `/v1/completions`;
+//! - [`anthropic`] holds `/v1/messages`;
+//! - [`info`] holds `/v1/models` and `/health`;
+//! - [`metrics`] holds `/metrics` in Prometheus' text format.
+//!
+//! Dropping a response (the client went away) drops its request stream,
+//! which cancels the request in the loop and frees its slot.
+
+pub mod anthropic;
+pub mod auth;
+pub mod error;
+pub mod generate;
+pub mod info;
+pub mod json;
+pub mod metrics;
+pub mod openai;
+pub mod request;
+pub mod server;
+pub mod sse;
+pub mod state;
+
+pub use request::Defaults;
+pub use server::{DEFAULT_MAX_BODY, HttpConfig, HttpError, parse_addr, router, serve};

@@ -1,0 +1,205 @@
+//! Binding, routing and the server's life: it runs until SIGINT or
+//! SIGTERM, then stops accepting, ends in-flight streams by shutting the
+//! decode loop down, and returns once connections are closed.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::routing::{get, post};
+
+use super::error::ApiError;
+use super::request::Defaults;
+use super::state::{AppState, Shared};
+use super::{anthropic, auth, info, metrics, openai};
+use crate::runtime::{DecodeLoop, RequestError};
+
+/// Largest request body by default (`--max-body`).
+pub const DEFAULT_MAX_BODY: usize = 8 << 20;
+
+/// How long connections get to finish after the decode loop has ended
+/// every request (a client that reads nothing must not hold the exit).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Threads answering HTTP (generation runs on the loop's own threads).
+const HTTP_THREADS: usize = 2;
+
+/// How the HTTP server runs.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    pub addr: SocketAddr,
+    pub api_key: Option<String>,
+    pub max_body: usize,
+    pub defaults: Defaults,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("cannot start the HTTP threads: {0}")]
+    Runtime(std::io::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("serving HTTP: {0}")]
+    Serve(std::io::Error),
+    #[error("stopping the decode loop: {0}")]
+    Loop(#[from] RequestError),
+}
+
+/// `--http ADDR`: `HOST:PORT`, `[V6]:PORT`, `localhost:PORT`, or a bare
+/// port (loopback). Port 0 picks a free port.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    if let Ok(port) = t.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    if let Some(port) = t.strip_prefix("localhost:") {
+        return port
+            .parse::<u16>()
+            .map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p))
+            .map_err(|_| format!("expected a port after localhost:, got {port:?}"));
+    }
+    t.parse::<SocketAddr>()
+        .map_err(|_| format!("expected PORT or HOST:PORT (e.g. 8080 or 127.0.0.1:8080), got {s:?}"))
+}
+
+/// Every route, with the key check and the body limit.
+pub fn router(state: Shared, max_body: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route(auth::MESSAGES_PATH, post(anthropic::messages))
+        .route("/v1/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
+        .route("/health", get(info::health))
+        .route("/metrics", get(metrics::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("No route for {}.", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(format!("{method} is not allowed on {}.", uri.path()))
+}
+
+/// Serves `decode` on `cfg.addr` until SIGINT or SIGTERM; `on_ready` gets
+/// the bound address (the real port when 0 was asked) before the first
+/// request is accepted. The loop is shut down before this returns.
+pub fn serve(
+    decode: DecodeLoop,
+    cfg: HttpConfig,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), HttpError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(HTTP_THREADS)
+        .thread_name("coli-http")
+        .enable_all()
+        .build()
+        .map_err(HttpError::Runtime)?;
+    let handle = decode.handle();
+    let served = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(cfg.addr)
+            .await
+            .map_err(|source| HttpError::Bind {
+                addr: cfg.addr,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| HttpError::Bind {
+            addr: cfg.addr,
+            source,
+        })?;
+        on_ready(addr);
+        let state = Arc::new(AppState::new(handle.clone(), cfg.defaults, cfg.api_key.clone()));
+        let app = router(state, cfg.max_body);
+        let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+        let signal = async move {
+            shutdown_signal().await;
+            let _ = stopping_tx.send(true);
+            // Ends every request (streams close with their last events);
+            // blocking, so off the async threads.
+            let h = handle.clone();
+            tokio::task::spawn_blocking(move || h.shutdown());
+        };
+        let server = async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(signal)
+                .await
+                .map_err(HttpError::Serve)
+        };
+        let grace = async move {
+            while !*stopping.borrow() {
+                if stopping.changed().await.is_err() {
+                    // The server ended without a signal; nothing to time.
+                    std::future::pending::<()>().await;
+                }
+            }
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            r = server => r,
+            () = grace => Ok(()),
+        }
+    });
+    rt.shutdown_timeout(SHUTDOWN_GRACE);
+    let stopped = decode.shutdown();
+    served?;
+    stopped?;
+    Ok(())
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        let lo = |p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p);
+        assert_eq!(parse_addr("8080"), Ok(lo(8080)));
+        assert_eq!(parse_addr("0"), Ok(lo(0)));
+        assert_eq!(parse_addr("localhost:9"), Ok(lo(9)));
+        assert_eq!(parse_addr("127.0.0.1:80"), Ok(lo(80)));
+        assert_eq!(
+            parse_addr("0.0.0.0:80").map(|a| a.ip().is_unspecified()),
+            Ok(true)
+        );
+        assert_eq!(parse_addr("[::1]:7").map(|a| a.ip().is_loopback()), Ok(true));
+        assert!(parse_addr("nope").is_err());
+        assert!(parse_addr("70000").is_err());
+        assert!(parse_addr("localhost:x").is_err());
+    }
+}
