@@ -126,7 +126,10 @@ impl UsageHistory {
     /// Parses [`Self::encode`]'s bytes; the reason when they are not such a file.
     pub fn decode(b: &[u8]) -> Result<Self, String> {
         if b.len() < HEADER_LEN + 8 {
-            return Err(format!("{} bytes, shorter than a header", b.len()));
+            return Err(format!(
+                "{} bytes, shorter than a header (torn or truncated)",
+                b.len()
+            ));
         }
         if &b[..8] != MAGIC {
             return Err("no usage-history magic".into());
@@ -827,6 +830,124 @@ mod tests {
         // 1600 bytes: half is 800, 200 per layer, two 100-byte experts.
         assert_eq!(pin_room(Placement::Streamed, None, Some(1600), &map), 2);
         assert_eq!(pin_room(Placement::Mapped, Some(6), None, &map), 0);
+    }
+
+    /// A source that delivers the expert id and logs pin calls.
+    #[derive(Default)]
+    struct Logged {
+        calls: Mutex<Vec<(bool, Vec<ExpertKey>)>>,
+    }
+
+    impl ExpertSource<u32> for Logged {
+        fn fetch_batch(
+            &self,
+            _tag: Tag,
+            keys: &[ExpertKey],
+            sink: &mut ExpertBatchSink<'_, u32>,
+        ) -> Result<(), SourceError> {
+            let group: Vec<(usize, Arc<u32>)> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (i, Arc::new(k.expert)))
+                .collect();
+            if group.is_empty() { Ok(()) } else { sink(&group) }
+        }
+        fn pin(&self, keys: &[ExpertKey]) {
+            self.calls.lock().unwrap().push((true, keys.to_vec()));
+        }
+        fn unpin(&self, keys: &[ExpertKey]) {
+            self.calls.lock().unwrap().push((false, keys.to_vec()));
+        }
+        fn stats(&self) -> SourceStats {
+            SourceStats::default()
+        }
+    }
+
+    #[test]
+    fn counting_source_counts_fetches_and_repins_every_k_steps() {
+        let inner = Arc::new(Logged::default());
+        let tap = Arc::new(UsageTap::new(2, 4, 1));
+        let src = CountingSource::new(inner.clone() as Arc<dyn ExpertSource<u32>>, tap.clone());
+        assert_eq!(tap.start_pins(&hist(), &src), 2);
+        assert_eq!(tap.pinned(), vec![vec![3], vec![3]]);
+        let key = ExpertKey::new(0, 1);
+        for _ in 0..50 {
+            let mut got = Vec::new();
+            src.fetch_batch(Tag::new(0, 0, 0), &[key, ExpertKey::new(1, 3)], &mut |g| {
+                got.extend(g.iter().map(|(i, e)| (*i, **e)));
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, vec![(0, 1), (1, 3)], "delivered unchanged");
+        }
+        let snap = tap.snapshot();
+        assert_eq!((snap[1], snap[4 + 3], snap.iter().sum::<u64>()), (50, 50, 100));
+        for step in 1..REPIN_EVERY {
+            src.advance(Tag::new(0, step, 0));
+        }
+        assert_eq!(
+            inner.calls.lock().unwrap().len(),
+            1,
+            "only the start-up pins so far"
+        );
+        src.advance(Tag::new(0, REPIN_EVERY, 0));
+        let calls = inner.calls.lock().unwrap().clone();
+        assert_eq!(
+            calls[1..],
+            [
+                (false, vec![ExpertKey::new(0, 3)]),
+                (true, vec![ExpertKey::new(0, 1)])
+            ]
+        );
+        assert_eq!(tap.pinned(), vec![vec![1], vec![3]]);
+    }
+
+    #[test]
+    fn recorder_merges_runs_and_ignores_a_torn_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let path = dir.join(HISTORY_FILE);
+        let run = |fetches: &[(u32, u32)], pins: &PinMode| {
+            let tap = Arc::new(UsageTap::new(2, 4, 1));
+            let src = CountingSource::new(
+                Arc::new(Logged::default()) as Arc<dyn ExpertSource<u32>>,
+                tap.clone(),
+            );
+            let (rec, start) = UsageRecorder::start(&tap, &src, 0xfeed, Some(dir), pins).unwrap();
+            for &(l, e) in fetches {
+                src.fetch_batch(Tag::new(0, 0, 0), &[ExpertKey::new(l, e)], &mut |_| Ok(()))
+                    .unwrap();
+            }
+            rec.unwrap().finish().unwrap();
+            start
+        };
+        let first = run(&[(0, 1), (0, 1), (1, 2)], &PinMode::Auto);
+        assert_eq!((first.history_runs, first.pinned, first.ignored), (0, 0, None));
+        let second = run(&[(0, 1), (1, 0)], &PinMode::Auto);
+        assert_eq!((second.history_runs, second.pinned), (1, 2));
+        let h = UsageHistory::load(&path).unwrap().unwrap();
+        assert_eq!(h.runs, 2);
+        let d = DECAY_PER_RUN;
+        assert_eq!(h.counts, vec![0.0, 2.0 * d + 1.0, 0.0, 0.0, 1.0, 0.0, d, 0.0]);
+        // A run that fetched nothing leaves the file as it was.
+        run(&[], &PinMode::Off);
+        assert_eq!(UsageHistory::load(&path).unwrap().unwrap(), h);
+        // A torn file: ignored with a reason, then replaced by a good one.
+        let bytes = h.encode();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let torn = run(&[(0, 0)], &PinMode::Auto);
+        assert!(torn.ignored.unwrap().contains("torn"));
+        let fresh = UsageHistory::load(&path).unwrap().unwrap();
+        assert_eq!((fresh.runs, fresh.total()), (1, 1.0));
+        // `--pin FILE` must be a history of this model.
+        let tap = Arc::new(UsageTap::new(2, 4, 1));
+        let src = Logged::default();
+        std::fs::write(dir.join("bad"), b"nope").unwrap();
+        assert!(UsageRecorder::start(&tap, &src, 0xfeed, None, &PinMode::File(dir.join("bad"))).is_err());
+        assert!(UsageRecorder::start(&tap, &src, 0xbeef, None, &PinMode::File(path.clone())).is_err());
+        let (rec, start) = UsageRecorder::start(&tap, &src, 0xfeed, None, &PinMode::File(path)).unwrap();
+        assert!(rec.is_none(), "nothing recorded without a directory");
+        assert_eq!(start.pinned, 1, "layer 0's one used expert");
     }
 
     #[test]
