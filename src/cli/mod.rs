@@ -173,6 +173,11 @@ pub struct EngineArgs {
     /// expert fits the memory budget and no streaming option is given.
     #[arg(long, default_value = "auto", value_name = "auto|mapped|streamed")]
     pub placement: crate::engine::Placement,
+    /// Share of the expert cache per layer (`--cache-cap`, the byte budget)
+    /// that pins from the usage history may take, in (0, 1]; the rest
+    /// stays LRU.
+    #[arg(long, default_value_t = crate::engine::usage::DEFAULT_PIN_SHARE, value_parser = parse_share, value_name = "F")]
+    pub pin_share: f64,
     /// Compute threads, the calling thread included (default: every CPU,
     /// or RAYON_NUM_THREADS when set).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024), value_name = "N")]
@@ -186,6 +191,13 @@ pub struct EngineArgs {
     /// Write a Chrome trace (open in Perfetto) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("expected a number in (0, 1], got {s:?}")),
+    }
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -226,6 +238,7 @@ impl EngineArgs {
             max_ctx: None,
             int8_acts: !self.f32_acts,
             placement: self.placement,
+            pin_share: self.pin_share,
         }
     }
 }

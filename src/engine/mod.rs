@@ -175,7 +175,7 @@ impl SourceFactory<'_> {
         let tap = Arc::new(UsageTap::new(
             map.layers,
             map.experts_per_layer,
-            usage::pin_room(placement, o.cache_cap, ram_budget_bytes, &map),
+            usage::pin_room(placement, o.cache_cap, ram_budget_bytes, &map, o.pin_share),
         ));
         let counted = |inner: Arc<dyn ExpertSource<ExpertWeights>>| -> Arc<dyn ExpertSource<ExpertWeights>> {
             Arc::new(CountingSource::new(inner, tap.clone()))

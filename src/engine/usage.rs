@@ -17,8 +17,8 @@
 //! the last writer wins.
 //!
 //! Pins: at start-up the hottest experts of each layer by the history are
-//! pinned, at most [`pin_room`] per layer (half of `--cache-cap`, and of
-//! the byte budget), and the rest of the cache stays LRU. Pins change
+//! pinned, at most [`pin_room`] per layer (`--pin-share`, by default half,
+//! of `--cache-cap` and of the byte budget), and the rest of the cache stays LRU. Pins change
 //! which experts stay resident, never the tokens.
 
 use std::fs::File;
@@ -41,11 +41,13 @@ use super::state::Fnv;
 /// The history's file name inside the state directory.
 pub const HISTORY_FILE: &str = "usage.hist";
 /// Each run keeps this share of the counts before it.
-pub const DECAY_PER_RUN: f32 = 0.7;
+pub const DECAY_PER_RUN: f32 = 0.9;
 /// How often the recorder writes the history while counts change.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Token steps between two re-evaluations of the pins.
 pub const REPIN_EVERY: u64 = 32;
+/// Share of the cache per layer pins take unless `--pin-share` says otherwise.
+pub const DEFAULT_PIN_SHARE: f64 = 0.5;
 /// Pins swapped per layer at most per re-evaluation.
 pub const REPIN_MAX_CHANGES: usize = 1;
 
@@ -295,25 +297,29 @@ impl std::str::FromStr for PinMode {
     }
 }
 
-/// Experts per layer that may be pinned: half of what the cache holds per
-/// layer (`--cache-cap`, and the byte budget divided by the largest
-/// expert), none for the mapped placement (everything is resident there).
+/// Experts per layer that may be pinned: `share` (in (0, 1]) of what the
+/// cache holds per layer (`--cache-cap`, and the byte budget divided by the
+/// largest expert), rounded down; none for the mapped placement (everything
+/// is resident there).
 pub fn pin_room(
     placement: Placement,
     cache_cap: Option<usize>,
     budget: Option<u64>,
     map: &ExpertMap,
+    share: f64,
 ) -> usize {
-    if placement == Placement::Mapped || map.layers == 0 {
+    if placement == Placement::Mapped || map.layers == 0 || share.is_nan() || share <= 0.0 {
         return 0;
     }
-    let mut room = map.experts_per_layer / 2;
+    let share = share.min(1.0);
+    let part = |n: f64| (n * share).floor() as usize;
+    let mut room = part(map.experts_per_layer as f64);
     if let Some(c) = cache_cap {
-        room = room.min(c / 2);
+        room = room.min(part(c as f64));
     }
     if let Some(b) = budget {
-        let per_layer = b / 2 / map.max_expert_bytes().max(1) / map.layers as u64;
-        room = room.min(usize::try_from(per_layer).unwrap_or(usize::MAX));
+        let per_layer = b as f64 / map.max_expert_bytes().max(1) as f64 / map.layers as f64;
+        room = room.min(part(per_layer));
     }
     room
 }
@@ -823,13 +829,16 @@ mod tests {
                 map.set_extent(ExpertKey::new(l, e), ext).unwrap();
             }
         }
-        assert_eq!(pin_room(Placement::Streamed, None, None, &map), 4);
-        assert_eq!(pin_room(Placement::Streamed, Some(2), None, &map), 1);
-        assert_eq!(pin_room(Placement::Streamed, Some(5), None, &map), 2);
-        assert_eq!(pin_room(Placement::Streamed, Some(1), None, &map), 0);
+        let room = |cap, budget, share| pin_room(Placement::Streamed, cap, budget, &map, share);
+        assert_eq!(room(None, None, 0.5), 4);
+        assert_eq!(room(Some(2), None, 0.5), 1);
+        assert_eq!(room(Some(5), None, 0.5), 2);
+        assert_eq!(room(Some(1), None, 0.5), 0);
+        assert_eq!(room(Some(3), None, 0.75), 2);
+        assert_eq!(room(Some(3), None, 1.0), 3);
         // 1600 bytes: half is 800, 200 per layer, two 100-byte experts.
-        assert_eq!(pin_room(Placement::Streamed, None, Some(1600), &map), 2);
-        assert_eq!(pin_room(Placement::Mapped, Some(6), None, &map), 0);
+        assert_eq!(room(None, Some(1600), 0.5), 2);
+        assert_eq!(pin_room(Placement::Mapped, Some(6), None, &map, 1.0), 0);
     }
 
     /// A source that delivers the expert id and logs pin calls.
