@@ -92,3 +92,36 @@ fn two_runs_merge_into_one_decayed_history() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--pin") && !err.contains("panicked"), "{err}");
 }
+
+/// `coli serve` and `coli chat` run the model inside the decode loop: the
+/// history is written after the loop stops.
+#[test]
+fn serve_and_chat_write_the_history_when_they_stop() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().expect("tmp");
+    for (cmd, input) in [("serve", &b"hello\n"[..]), ("chat", &b"hi\n:q\n"[..])] {
+        let state = tmp.path().join(cmd);
+        let mut child = Command::new(coli())
+            .args([cmd, "--temperature", "0", "--max-tokens", "4", "--state-dir"])
+            .arg(&state)
+            .env_remove("COLI_MODEL")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input)
+            .expect("write");
+        ok(&child.wait_with_output().expect("wait"));
+        let h = UsageHistory::load(&state.join(HISTORY_FILE))
+            .expect("readable")
+            .expect("written");
+        assert_eq!(h.runs, 1, "{cmd}");
+        assert!(h.total() > 0.0, "{cmd}");
+    }
+}
