@@ -1,8 +1,10 @@
 //! Placement may change speed, never tokens: the same greedy continuation
-//! whatever the cache size, pilot, I/O workers, read path or disk speed.
+//! whatever the cache size, pilot, I/O workers, read path, disk speed or
+//! the pins the usage history sets.
 
 use std::path::Path;
 
+use colibri::engine::usage::PinMode;
 use colibri::engine::{Engine, EngineOptions, Placement};
 use colibri::sampling::{Sampler, SamplingParams};
 
@@ -227,5 +229,80 @@ fn auto_placement_maps_what_fits_and_streams_the_rest() {
         },
     ] {
         assert_eq!(placement(opts), "streamed");
+    }
+}
+
+/// Generates with the usage history of `state` (recording into it, pins
+/// from it): the tokens, how many experts were pinned at start-up, and the
+/// pins per layer at the end.
+fn generate_with_history(
+    dir: &Path,
+    opts: &EngineOptions,
+    prompt: &[u32],
+    n: usize,
+    state: &Path,
+) -> (Vec<u32>, usize, Vec<Vec<u32>>) {
+    let mut engine = Engine::load(dir, opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
+    engine.stop_ids.clear();
+    let (recorder, start) = engine
+        .start_usage(Some(state), &PinMode::Auto)
+        .unwrap_or_else(|e| panic!("{opts:?}: {e}"));
+    let mut session = engine.new_session();
+    let mut sampler = Sampler::new(SamplingParams::default());
+    let tokens = session
+        .generate(&mut engine, prompt, n, &mut sampler, &mut |_| true)
+        .unwrap_or_else(|e| panic!("{opts:?}: {e}"))
+        .generated;
+    let pinned = engine.usage().pinned();
+    recorder
+        .expect("a state directory records")
+        .finish()
+        .expect("history written");
+    (tokens, start.pinned, pinned)
+}
+
+/// Pins from the usage history (at start-up and re-evaluated while it
+/// runs, `REPIN_EVERY` steps) change which experts stay resident, never the
+/// tokens; the pins stay within their share of `--cache-cap`.
+#[test]
+fn pins_from_the_usage_history_do_not_change_tokens() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let n = 2 * colibri::engine::usage::REPIN_EVERY as usize + 6;
+    for (model, prompt) in [
+        ("fixtures/olmoe-odd", &[5u32, 17, 3, 250, 99][..]),
+        ("fixtures/glm-tiny", &[7, 21, 3, 190, 44, 9][..]),
+        ("models/colibri-tiny", &[1, 200, 300, 17][..]),
+    ] {
+        let dir = root.join(model);
+        let reference = generate(
+            &dir,
+            &EngineOptions::default(),
+            prompt,
+            n,
+            SamplingParams::default(),
+        );
+        let state = tempfile::tempdir().unwrap();
+        for (round, cap, share) in [(0, 2, 0.5), (1, 2, 0.5), (2, 4, 0.5), (3, 3, 1.0)] {
+            let opts = EngineOptions {
+                placement: Placement::Streamed,
+                cache_cap: Some(cap),
+                pilot: round % 2 == 0,
+                io_workers: 1 + round,
+                pin_share: share,
+                ..EngineOptions::default()
+            };
+            let (tokens, at_start, pinned) = generate_with_history(&dir, &opts, prompt, n, state.path());
+            assert_eq!(tokens, reference, "{model} {opts:?}");
+            if round > 0 {
+                assert!(at_start > 0, "{model}: round {round} pins from the history");
+            }
+            let room = (cap as f64 * share) as usize;
+            for layer in &pinned {
+                assert!(
+                    layer.len() <= room,
+                    "{model}: {pinned:?} over {share} of cap {cap}"
+                );
+            }
+        }
     }
 }

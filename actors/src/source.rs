@@ -100,6 +100,14 @@ pub trait ExpertSource<T>: Send + Sync {
     /// Announces the token step `tag` starts; older work becomes stale.
     fn advance(&self, _tag: Tag) {}
 
+    /// Keeps `keys` resident until unpinned (loading them in the
+    /// background), within the source's own limits. Sources that keep
+    /// everything resident, or nothing, ignore it.
+    fn pin(&self, _keys: &[ExpertKey]) {}
+
+    /// Returns pinned experts to the ordinary cache policy.
+    fn unpin(&self, _keys: &[ExpertKey]) {}
+
     /// Snapshot of the counters.
     fn stats(&self) -> SourceStats;
 

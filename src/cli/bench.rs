@@ -68,6 +68,12 @@ pub struct BenchArgs {
     /// streams route like different conversations.
     #[arg(long, default_value_t = 1.0)]
     pub stream_temperature: f32,
+    /// Directory of the usage history the measured pass reads and adds to
+    /// (default: $XDG_STATE_HOME/colibri/<model fingerprint>).
+    #[arg(long)]
+    pub state_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub usage: super::UsageArgs,
     /// Interleaved rounds of the `--streams` runs (medians are printed).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
@@ -83,6 +89,8 @@ struct Pass {
     /// Peak RSS of the process when the pass ended (passes run in turn, so
     /// the first pass's figure is its own).
     peak_rss: Option<u64>,
+    /// The usage history and pins of the pass (the measured pass only).
+    usage: Option<crate::engine::usage::UsageStart>,
 }
 
 /// What each pass decodes: a prompt, then greedy or forced tokens.
@@ -98,11 +106,18 @@ fn run_pass(
     args: &BenchArgs,
     name: &'static str,
     warm_first: bool,
+    with_usage: bool,
 ) -> anyhow::Result<Pass> {
     eprintln!("bench: pass {name:?} ...");
     let t0 = Instant::now();
     let mut engine = Engine::load(dir, opts).with_context(|| format!("loading {}", dir.display()))?;
     let load_secs = t0.elapsed().as_secs_f64();
+    let (recorder, usage) = if with_usage {
+        let (r, u) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
+        (r, Some(u))
+    } else {
+        (None, None)
+    };
     let mut session = engine.new_session();
     let mut pass = |engine: &mut Engine| match &work.forced {
         Some(f) => replay_pass(engine, &mut session, &work.prompt, f, args.warmup, args.tokens),
@@ -114,12 +129,14 @@ fn run_pass(
         pass(&mut engine)?;
     }
     let result = pass(&mut engine)?;
+    super::finish_usage(recorder);
     Ok(Pass {
         name,
         result,
         load_secs,
         memory: engine.memory.clone(),
         peak_rss: peak_rss_bytes(),
+        usage,
     })
 }
 
@@ -184,13 +201,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let work = workload(&dir, &cfg, &args)?;
     let prompt = &work;
 
-    let mut passes = vec![run_pass(&dir, &opts, prompt, &args, "measured", false)?];
+    let mut passes = vec![run_pass(&dir, &opts, prompt, &args, "measured", false, true)?];
     if args.compare_no_overlap {
         let strict = EngineOptions {
             overlap: false,
             ..opts.clone()
         };
-        passes.push(run_pass(&dir, &strict, prompt, &args, "no-overlap", false)?);
+        passes.push(run_pass(
+            &dir,
+            &strict,
+            prompt,
+            &args,
+            "no-overlap",
+            false,
+            false,
+        )?);
     }
     if !args.no_compute_bound {
         let resident = EngineOptions {
@@ -199,7 +224,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
             disk_sim: None,
             ..opts.clone()
         };
-        passes.push(run_pass(&dir, &resident, prompt, &args, "all resident", true)?);
+        passes.push(run_pass(
+            &dir,
+            &resident,
+            prompt,
+            &args,
+            "all resident",
+            true,
+            false,
+        )?);
     }
 
     // The disk: simulated bandwidth, or a sequential read of the model's own
@@ -282,6 +315,18 @@ fn print_report(
         opts.direct,
         opts.overlap
     );
+    if let Some(u) = passes.first().and_then(|p| p.usage.as_ref()) {
+        println!(
+            "usage history: {} run(s) before this one, {} expert(s) pinned at start-up (--pin {})",
+            u.history_runs,
+            u.pinned,
+            match &args.usage.pin {
+                crate::engine::usage::PinMode::Off => "off".to_string(),
+                crate::engine::usage::PinMode::Auto => "auto".to_string(),
+                crate::engine::usage::PinMode::File(p) => p.display().to_string(),
+            }
+        );
+    }
     println!(
         "prompt {} tok, warm-up {} tok, measured {} tok, {}",
         work.prompt.len(),

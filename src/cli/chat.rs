@@ -40,6 +40,12 @@ pub struct ChatArgs {
     /// Seed of the first reply (later replies use seed+1, seed+2, ...); default: fresh.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Directory of the usage history (default:
+    /// $XDG_STATE_HOME/colibri/<model fingerprint>, ~/.local/state/... when unset).
+    #[arg(long)]
+    pub state_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub usage: super::UsageArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -158,6 +164,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     opts.max_ctx = Some(args.ctx.unwrap_or(super::serve::DEFAULT_CTX_CAP));
     let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
+    let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let loop_cfg = LoopConfig {
         slots: 1,
         max_ctx,
@@ -209,6 +216,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     }
     out.flush()?;
     drop(chat);
-    decode.shutdown().context("stopping the decode loop")?;
+    let stopped = decode.shutdown().context("stopping the decode loop");
+    // After the loop stopped: every fetch it made is counted.
+    super::finish_usage(usage);
+    stopped?;
     Ok(())
 }

@@ -14,11 +14,13 @@ pub mod serve;
 pub mod synth;
 pub mod validate;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::engine::EngineOptions;
+use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
+use crate::engine::usage::{PinMode, UsageRecorder, UsageStart};
+use crate::engine::{Engine, EngineOptions};
 
 /// colibri: Mixture-of-Experts inference that streams experts from disk.
 #[derive(Debug, Parser)]
@@ -171,6 +173,11 @@ pub struct EngineArgs {
     /// expert fits the memory budget and no streaming option is given.
     #[arg(long, default_value = "auto", value_name = "auto|mapped|streamed")]
     pub placement: crate::engine::Placement,
+    /// Share of the expert cache per layer (`--cache-cap`, the byte budget)
+    /// that pins from the usage history may take, in (0, 1]; the rest
+    /// stays LRU.
+    #[arg(long, default_value_t = crate::engine::usage::DEFAULT_PIN_SHARE, value_parser = parse_share, value_name = "F")]
+    pub pin_share: f64,
     /// Compute threads, the calling thread included (default: every CPU,
     /// or RAYON_NUM_THREADS when set).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024), value_name = "N")]
@@ -184,6 +191,13 @@ pub struct EngineArgs {
     /// Write a Chrome trace (open in Perfetto) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+}
+
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("expected a number in (0, 1], got {s:?}")),
+    }
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -224,7 +238,106 @@ impl EngineArgs {
             max_ctx: None,
             int8_acts: !self.f32_acts,
             placement: self.placement,
+            pin_share: self.pin_share,
         }
+    }
+}
+
+/// The usage-history flags of the commands that run a model
+/// (docs/state-files.md, "Usage history").
+#[derive(Debug, Args, Clone)]
+pub struct UsageArgs {
+    /// Do not keep the usage history (which experts the model routes to)
+    /// in the state directory.
+    #[arg(long)]
+    pub no_usage: bool,
+    /// Experts pinned in the cache at start-up: `off`; `auto`, the hottest
+    /// per layer by the usage history when there is one; or a usage-history
+    /// FILE of this model. Pins then follow the counts while it runs.
+    #[arg(long, default_value = "auto", value_name = "off|auto|FILE")]
+    pub pin: PinMode,
+}
+
+/// The state directory to use: `explicit`, else the default one for the
+/// model's fingerprint, made private. `None` (with the reason and `what`
+/// happens then on stderr) when it cannot be used; a directory other users
+/// can write to is an error, not a warning: the user asked for something
+/// unsafe.
+pub fn resolve_state_dir(
+    explicit: Option<&Path>,
+    fingerprint: u64,
+    what: &str,
+) -> anyhow::Result<Option<PathBuf>> {
+    let dir = match explicit {
+        Some(d) => d.to_path_buf(),
+        None => match default_state_dir(
+            fingerprint,
+            std::env::var_os("XDG_STATE_HOME").as_deref(),
+            std::env::var_os("HOME").as_deref(),
+        ) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("coli: {e}; {what}");
+                return Ok(None);
+            }
+        },
+    };
+    match prepare_state_dir(&dir) {
+        Ok(()) => Ok(Some(dir)),
+        Err(e @ StateError::Insecure { .. }) => Err(e.into()),
+        Err(e) => {
+            eprintln!(
+                "coli: cannot use the state directory {} ({e}); {what}",
+                dir.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Starts the usage history of `engine` in the state directory (unless
+/// `--no-usage`) and the pins `--pin` asks for. A history file that cannot
+/// be used is ignored with a message; a `--pin FILE` that cannot is an error.
+pub fn start_usage(
+    engine: &Engine,
+    state_dir: Option<&Path>,
+    args: &UsageArgs,
+) -> anyhow::Result<(Option<UsageRecorder>, UsageStart)> {
+    let dir = if args.no_usage {
+        None
+    } else {
+        resolve_state_dir(
+            state_dir,
+            engine.state_fingerprint(),
+            "the usage history will not be kept",
+        )?
+    };
+    let (recorder, start) = engine
+        .start_usage(dir.as_deref(), &args.pin)
+        .map_err(|e| match &args.pin {
+            PinMode::File(p) => anyhow::Error::new(e).context(format!("--pin {}", p.display())),
+            _ => anyhow::Error::new(e).context("starting the usage history"),
+        })?;
+    if let Some(why) = &start.ignored {
+        eprintln!("coli: ignoring the usage history: {why}; starting a new one");
+    }
+    if start.pinned > 0 {
+        tracing::info!(
+            pinned = start.pinned,
+            runs = start.history_runs,
+            "pinned the hottest experts of the usage history"
+        );
+    }
+    Ok((recorder, start))
+}
+
+/// Writes the final usage history; a failure is reported, not fatal (the
+/// run itself succeeded).
+pub fn finish_usage(recorder: Option<UsageRecorder>) {
+    if let Some(r) = recorder
+        && let Err(e) = r.finish()
+    {
+        eprintln!("coli: usage history: {e}");
     }
 }
 

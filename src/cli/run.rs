@@ -50,6 +50,12 @@ pub struct RunArgs {
     /// Tokens drafted per verification forward.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=15))]
     pub draft_k: u64,
+    /// Directory of the usage history (default:
+    /// $XDG_STATE_HOME/colibri/<model fingerprint>, ~/.local/state/... when unset).
+    #[arg(long)]
+    pub state_dir: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub usage: super::UsageArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -129,6 +135,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let dir = args.model.resolve()?;
     let mut engine =
         Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
+    let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let prompt = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => parse_ids(ids)?,
         (Some(text), None) => {
@@ -217,5 +224,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         s.hit_rate() * 100.0,
         s.bytes_read as f64 / 1e6
     );
+    super::finish_usage(usage);
     Ok(())
 }

@@ -9,7 +9,6 @@ use clap::Args;
 
 use super::{EngineArgs, ModelArg};
 use crate::engine::Engine;
-use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
 use crate::http::{Defaults, HttpConfig};
 use crate::runtime::{DecodeLoop, LoopConfig};
 use crate::serve::batch::{self, BatchConfig};
@@ -53,6 +52,8 @@ pub struct ServeArgs {
     /// Do not save or restore conversations.
     #[arg(long)]
     pub no_kv_save: bool,
+    #[command(flatten)]
+    pub usage: super::UsageArgs,
     /// Tokens per chat reply, and the cap on PROMPT's max_tokens; with
     /// --http, what a request that names no limit gets.
     #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = super::parse_count)]
@@ -107,37 +108,16 @@ pub fn check_sampling(temperature: f32, top_p: f32) -> anyhow::Result<()> {
 }
 
 /// The state directory when saving is on and the directory can be used;
-/// otherwise `None`, with the reason on stderr. A directory other users can
-/// write to is an error, not a warning: the user asked for something unsafe.
+/// otherwise `None`, with the reason on stderr.
 fn state_dir(args: &ServeArgs, fingerprint: u64) -> anyhow::Result<Option<PathBuf>> {
     if args.no_kv_save || (args.http.is_some() && args.state_dir.is_none()) {
         return Ok(None);
     }
-    let dir = match &args.state_dir {
-        Some(d) => d.clone(),
-        None => match default_state_dir(
-            fingerprint,
-            std::env::var_os("XDG_STATE_HOME").as_deref(),
-            std::env::var_os("HOME").as_deref(),
-        ) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("coli: {e}; conversations will not be saved");
-                return Ok(None);
-            }
-        },
-    };
-    match prepare_state_dir(&dir) {
-        Ok(()) => Ok(Some(dir)),
-        Err(e @ StateError::Insecure { .. }) => Err(e.into()),
-        Err(e) => {
-            eprintln!(
-                "coli: cannot use the state directory {} ({e}); conversations will not be saved",
-                dir.display()
-            );
-            Ok(None)
-        }
-    }
+    super::resolve_state_dir(
+        args.state_dir.as_deref(),
+        fingerprint,
+        "conversations will not be saved",
+    )
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -160,6 +140,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
     let state_dir = state_dir(&args, engine.state_fingerprint())?;
+    let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let loop_cfg = LoopConfig {
         slots: kv_slots,
         max_ctx,
@@ -177,11 +158,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_tokens: args.max_tokens,
             seed: args.seed,
         };
-        return batch::serve_stdio(decode, &cfg).context("serving --batch");
+        let served = batch::serve_stdio(decode, &cfg).context("serving --batch");
+        super::finish_usage(usage);
+        return served;
     }
     if let Some(addr) = args.http {
         decode.handle().info().tokenizer().context("serving --http")?;
-        return serve_http(decode, addr, &args, &dir, (kv_slots, max_ctx, state_dir));
+        let served = serve_http(decode, addr, &args, &dir, (kv_slots, max_ctx, state_dir));
+        super::finish_usage(usage);
+        return served;
     }
     let mut server = LoopServer::new(decode.handle(), args.top_k).context("starting the decode loop")?;
     let cfg = ServeConfig {
@@ -208,7 +193,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let served = run_serve(stdin, &mut out, &mut diag, &mut server, &cfg);
     out.flush().context("writing the reply stream")?;
     served.context("serving")?;
-    decode.shutdown().context("stopping the decode loop")?;
+    let stopped = decode.shutdown().context("stopping the decode loop");
+    // After the loop stopped: every fetch it made is counted.
+    super::finish_usage(usage);
+    stopped?;
     Ok(())
 }
 

@@ -7,6 +7,7 @@ pub mod profile;
 mod slot_store;
 pub mod speculative;
 pub mod state;
+pub mod usage;
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::{EngineOptions, Placement};
@@ -30,6 +31,7 @@ use crate::model::olmoe::{self, LoadOptions, Olmoe, OlmoePredictor};
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
 use crate::tokenizer::{Tokenizer, TokenizerError};
+use usage::{CountingSource, PinMode, UsageRecorder, UsageStart, UsageTap};
 
 /// Why an engine could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +125,7 @@ impl SourceFactory<'_> {
         predictor: Option<Arc<dyn Predictor>>,
         top_k: usize,
         needs: MemoryNeeds,
-    ) -> Result<(Arc<dyn ExpertSource<ExpertWeights>>, MemoryPlan), EngineError> {
+    ) -> Result<Built, EngineError> {
         let o = self.opts;
         let disk_sim = match &o.disk_sim {
             Some(spec) => Some(
@@ -170,10 +172,18 @@ impl SourceFactory<'_> {
         };
         let placement = self.placement(&map, ram_budget_bytes);
         tracing::info!(?placement, budget = ?ram_budget_bytes, "expert placement");
+        let tap = Arc::new(UsageTap::new(
+            map.layers,
+            map.experts_per_layer,
+            usage::pin_room(placement, o.cache_cap, ram_budget_bytes, &map, o.pin_share),
+        ));
+        let counted = |inner: Arc<dyn ExpertSource<ExpertWeights>>| -> Arc<dyn ExpertSource<ExpertWeights>> {
+            Arc::new(CountingSource::new(inner, tap.clone()))
+        };
         if placement == Placement::Mapped {
             let source =
                 MappedSource::open(map, Box::new(codec), ram_budget_bytes, true).map_err(ModelError::from)?;
-            return Ok((Arc::new(source), plan));
+            return Ok((counted(Arc::new(source)), plan, tap));
         }
         let config = PipelineConfig {
             io_workers: o.io_workers.max(1),
@@ -190,7 +200,7 @@ impl SourceFactory<'_> {
         };
         let source =
             PipelineSource::open(map, Box::new(codec), predictor, config).map_err(ModelError::from)?;
-        Ok((Arc::new(source), plan))
+        Ok((counted(Arc::new(source)), plan, tap))
     }
 }
 
@@ -217,8 +227,11 @@ impl SourceFactory<'_> {
     }
 }
 
+/// A built expert source (counting into its usage tap) and its memory plan.
+pub type Built = (Arc<dyn ExpertSource<ExpertWeights>>, MemoryPlan, Arc<UsageTap>);
+
 /// Loads the model family named by config.json's model_type.
-type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan);
+type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan, Arc<UsageTap>);
 
 fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> {
     let (path, json) = read_json(dir).map_err(ModelError::from)?;
@@ -253,10 +266,10 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
                     }) as u64
                     * opts.kv_slots.max(1) as u64,
             };
-            let (source, plan) =
+            let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
             let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((Box::new(Olmoe::new(cfg, dense, source)), stops, plan))
+            Ok((Box::new(Olmoe::new(cfg, dense, source)), stops, plan, tap))
         }
         "glm_moe_dsa" | "deepseek_v3" => {
             let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
@@ -280,10 +293,15 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
                     }) as u64
                     * opts.kv_slots.max(1) as u64,
             };
-            let (source, plan) =
+            let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
             let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((Box::new(Glm::new(cfg, dense, source, mtp.err())), stops, plan))
+            Ok((
+                Box::new(Glm::new(cfg, dense, source, mtp.err())),
+                stops,
+                plan,
+                tap,
+            ))
         }
         other => Err(ModelError::from(ConfigError::ModelType {
             path,
@@ -304,6 +322,8 @@ pub struct Engine {
     state_fingerprint: u64,
     /// How memory was budgeted at load.
     pub memory: MemoryPlan,
+    /// Per-expert fetch counts and the pins they drive ([`usage`]).
+    usage: Arc<UsageTap>,
     /// The engine-wide token-step clock. Every forward pass of every
     /// session gets a newer tag than all before it, because the expert
     /// source treats older tags as stale work to drop.
@@ -315,7 +335,7 @@ impl Engine {
     /// Loads `dir` with `opts`. A missing tokenizer is not an error here
     /// (validation runs on ids); text front ends ask for it explicitly.
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<Self, EngineError> {
-        let (model, stop_ids, memory) = load_family(dir, opts)?;
+        let (model, stop_ids, memory, usage) = load_family(dir, opts)?;
         let state_fingerprint = state::model_fingerprint(dir, opts, model.fingerprint())?;
         let tokenizer = match Tokenizer::load(dir) {
             Ok(t) => Some(t),
@@ -329,6 +349,7 @@ impl Engine {
             stop_ids,
             state_fingerprint,
             memory,
+            usage,
             generation: 0,
             step: 0,
         })
@@ -338,6 +359,27 @@ impl Engine {
     /// conversation state files must carry.
     pub fn state_fingerprint(&self) -> u64 {
         self.state_fingerprint
+    }
+
+    /// This engine's expert fetch counts and pins.
+    pub fn usage(&self) -> &Arc<UsageTap> {
+        &self.usage
+    }
+
+    /// Starts the usage history in `record_dir` (`None`: record nothing)
+    /// and the pins `pins` asks for; see [`usage::UsageRecorder::start`].
+    pub fn start_usage(
+        &self,
+        record_dir: Option<&Path>,
+        pins: &PinMode,
+    ) -> Result<(Option<UsageRecorder>, UsageStart), usage::UsageError> {
+        UsageRecorder::start(
+            &self.usage,
+            self.model.source().as_ref(),
+            self.state_fingerprint,
+            record_dir,
+            pins,
+        )
     }
 
     /// The tag for the next forward pass (newer than every earlier one).

@@ -56,6 +56,9 @@ pub struct EngineOptions {
     pub int8_acts: bool,
     /// Where routed experts live (never changes the tokens).
     pub placement: Placement,
+    /// Share of the expert cache (per layer) the usage-history pins may
+    /// take, in (0, 1]; the rest stays LRU (never changes the tokens).
+    pub pin_share: f64,
 }
 
 impl Default for EngineOptions {
@@ -76,6 +79,7 @@ impl Default for EngineOptions {
             max_ctx: None,
             int8_acts: true,
             placement: Placement::Auto,
+            pin_share: crate::engine::usage::DEFAULT_PIN_SHARE,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! Policy: a per-layer LRU with an optional per-layer capacity, a global byte
 //! budget enforced by evicting the least recently used unpinned entry of any
 //! layer, and a pinned set that is never evicted (pinned entries count toward
-//! the byte budget but not toward the per-layer capacity).
+//! the byte budget and toward their layer's capacity: a layer with `p` pins
+//! and capacity `c` keeps at most `c - p` unpinned entries).
 
 mod budget;
 
@@ -34,7 +35,8 @@ struct Entry<T> {
 /// Limits of an [`ExpertCache`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheLimits {
-    /// Unpinned experts kept per layer; `Some(0)` disables caching.
+    /// Experts kept per layer, pinned ones included; `Some(0)` disables
+    /// caching (pins are still kept).
     pub per_layer: Option<usize>,
     /// Bytes (by `ExpertDecoder::resident_bytes`) the cache may hold.
     pub bytes: Option<u64>,
@@ -56,6 +58,8 @@ pub struct ExpertCache<T> {
     tick: u64,
     bytes: u64,
     pinned_bytes: u64,
+    /// Pinned entries per layer.
+    pinned_in_layer: Vec<usize>,
     counters: LayerCounters,
     /// Prefetched bytes later delivered to compute, and prefetched bytes
     /// evicted or discarded before any use (monotonic totals).
@@ -72,6 +76,7 @@ impl<T> ExpertCache<T> {
             tick: 0,
             bytes: 0,
             pinned_bytes: 0,
+            pinned_in_layer: vec![0; layers],
             counters: LayerCounters {
                 hits: vec![0; layers],
                 misses: vec![0; layers],
@@ -174,6 +179,7 @@ impl<T> ExpertCache<T> {
         self.prefetch_wasted += e.unused_read;
         if e.pinned {
             self.pinned_bytes -= e.bytes;
+            self.count_pin(key.layer, false);
         } else if let Some(l) = self.lru_mut(key.layer) {
             l.remove(&e.tick);
         }
@@ -206,7 +212,8 @@ impl<T> ExpertCache<T> {
         let Some(layer_lru_len) = self.lru.get(key.layer as usize).map(BTreeMap::len) else {
             return false;
         };
-        if !pin && self.limits.per_layer == Some(0) {
+        let pinned_here = self.pinned_in_layer.get(key.layer as usize).copied().unwrap_or(0);
+        if !pin && self.limits.per_layer.is_some_and(|cap| pinned_here >= cap) {
             return false;
         }
         if let Some(budget) = self.limits.bytes
@@ -214,13 +221,15 @@ impl<T> ExpertCache<T> {
         {
             return false;
         }
-        if !pin
-            && let Some(cap) = self.limits.per_layer
-            && layer_lru_len >= cap
-        {
-            let victim = self.lru[key.layer as usize].first_key_value().map(|(_, &e)| e);
-            if let Some(e) = victim {
+        if let Some(cap) = self.limits.per_layer {
+            // Room in the layer: its oldest unpinned entries go (a pin may
+            // take the place of every unpinned one).
+            let mut unpinned = layer_lru_len;
+            while unpinned > 0 && unpinned + pinned_here >= cap {
+                let victim = self.lru[key.layer as usize].first_key_value().map(|(_, &e)| e);
+                let Some(e) = victim else { break };
                 self.remove(ExpertKey::new(key.layer, e));
+                unpinned -= 1;
             }
         }
         if let Some(budget) = self.limits.bytes {
@@ -236,6 +245,7 @@ impl<T> ExpertCache<T> {
         let tick = self.next_tick();
         if pin {
             self.pinned_bytes += bytes;
+            self.count_pin(key.layer, true);
         } else if let Some(l) = self.lru_mut(key.layer) {
             l.insert(tick, key.expert);
         }
@@ -263,6 +273,7 @@ impl<T> ExpertCache<T> {
             e.pinned = true;
             let (tick, bytes) = (e.tick, e.bytes);
             self.pinned_bytes += bytes;
+            self.count_pin(key.layer, true);
             if let Some(l) = self.lru_mut(key.layer) {
                 l.remove(&tick);
             }
@@ -279,10 +290,37 @@ impl<T> ExpertCache<T> {
             e.pinned = false;
             let (tick, bytes) = (e.tick, e.bytes);
             self.pinned_bytes -= bytes;
+            self.count_pin(key.layer, false);
             if let Some(l) = self.lru_mut(key.layer) {
                 l.insert(tick, key.expert);
             }
+            // The layer may now hold more than its capacity: its oldest
+            // unpinned entries go.
+            if let Some(cap) = self.limits.per_layer {
+                let layer = key.layer as usize;
+                let pinned_here = self.pinned_in_layer.get(layer).copied().unwrap_or(0);
+                while self.lru.get(layer).map_or(0, BTreeMap::len) + pinned_here > cap {
+                    let victim = self.lru[layer].first_key_value().map(|(_, &e)| e);
+                    let Some(e) = victim else { break };
+                    self.remove(ExpertKey::new(key.layer, e));
+                }
+            }
         }
+    }
+
+    fn count_pin(&mut self, layer: u32, pinned: bool) {
+        if let Some(n) = self.pinned_in_layer.get_mut(layer as usize) {
+            if pinned {
+                *n += 1;
+            } else {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Pinned entries of one layer.
+    pub fn pinned_in_layer(&self, layer: u32) -> usize {
+        self.pinned_in_layer.get(layer as usize).copied().unwrap_or(0)
     }
 
     /// Bytes held now (never above the byte budget).
@@ -370,6 +408,47 @@ mod tests {
         assert!(c.insert(k(1, 5), Arc::new(4), 61, false));
         assert!(c.bytes() <= 100);
         assert!(!c.contains(k(0, 0)));
+    }
+
+    #[test]
+    fn pins_take_their_place_within_the_layer_capacity() {
+        let mut c = ExpertCache::new(
+            2,
+            CacheLimits {
+                per_layer: Some(3),
+                bytes: None,
+            },
+        );
+        for e in 0..3 {
+            assert!(c.insert(k(0, e), Arc::new(e), 10, false));
+        }
+        // A pin in a full layer evicts its oldest unpinned entry.
+        assert!(c.insert(k(0, 7), Arc::new(7), 10, true));
+        assert_eq!(c.resident_in_layer(0), vec![1, 2]);
+        assert!(c.pin_resident(k(0, 2)));
+        assert_eq!(c.pinned_in_layer(0), 2);
+        // One unpinned slot left: new entries replace each other there.
+        assert!(c.insert(k(0, 4), Arc::new(4), 10, false));
+        assert_eq!(c.resident_in_layer(0), vec![4]);
+        assert!(c.insert(k(0, 5), Arc::new(5), 10, false));
+        assert_eq!(c.resident_in_layer(0), vec![5]);
+        assert_eq!(c.len(), 3, "pins + LRU never above the capacity");
+        // The other layer is untouched by layer 0's pins.
+        for e in 0..3 {
+            assert!(c.insert(k(1, e), Arc::new(e), 10, false));
+        }
+        assert_eq!(c.resident_in_layer(1).len(), 3);
+        // Pins fill the layer: unpinned entries are refused, pins still kept.
+        assert!(c.pin_resident(k(0, 5)));
+        assert!(!c.insert(k(0, 6), Arc::new(6), 10, false));
+        assert!(c.insert(k(0, 6), Arc::new(6), 10, true));
+        assert_eq!(c.pinned_in_layer(0), 4);
+        // Unpinning returns entries to the LRU, trimmed to the capacity.
+        c.unpin(k(0, 7));
+        c.unpin(k(0, 6));
+        assert_eq!(c.pinned_in_layer(0), 2);
+        assert_eq!(c.resident_in_layer(0).len() + c.pinned_in_layer(0), 3);
+        assert!(c.contains(k(0, 2)) && c.contains(k(0, 5)));
     }
 
     #[test]

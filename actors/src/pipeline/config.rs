@@ -8,8 +8,8 @@ use crate::storage::{SimSpec, StorageOptions};
 pub struct PipelineConfig {
     /// I/O worker threads (at least 1).
     pub io_workers: usize,
-    /// Unpinned experts kept per layer; `None` = limited only by the byte
-    /// budget; `Some(0)` = keep nothing.
+    /// Experts kept per layer, pinned ones included; `None` = limited only
+    /// by the byte budget; `Some(0)` = keep nothing (but pins).
     pub cache_cap: Option<usize>,
     /// Bytes the expert cache may hold (see `cache::default_ram_budget`);
     /// `None` = unlimited.

@@ -171,7 +171,8 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
     }
 
     /// Keeps `keys` resident for good (loading them in the background);
-    /// pinned experts are never evicted but count toward the byte budget.
+    /// pinned experts are never evicted but count toward the byte budget
+    /// and toward their layer's `cache_cap`.
     pub fn pin(&self, keys: &[ExpertKey]) {
         let _ = self.coord.send(CoordMsg::Pin {
             keys: keys.to_vec(),
@@ -320,6 +321,14 @@ impl<T: Send + Sync + 'static> ExpertSource<T> for PipelineSource<T> {
         if self.coord.send(CoordMsg::Advance { tag, ack: ack_tx }).is_ok() {
             let _ = ack_rx.recv();
         }
+    }
+
+    fn pin(&self, keys: &[ExpertKey]) {
+        PipelineSource::pin(self, keys);
+    }
+
+    fn unpin(&self, keys: &[ExpertKey]) {
+        PipelineSource::unpin(self, keys);
     }
 
     fn profile(&self) -> Option<PipelineProfile> {
