@@ -17,7 +17,7 @@
 //! the last writer wins.
 //!
 //! Pins: at start-up the hottest experts of each layer by the history are
-//! pinned, at most [`pin_room`] per layer (`--pin-share`, by default half,
+//! pinned, at most [`pin_room`] per layer (`--pin-share`, by default three quarters,
 //! of `--cache-cap` and of the byte budget), and the rest of the cache stays LRU. Pins change
 //! which experts stay resident, never the tokens.
 
@@ -47,7 +47,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 /// Token steps between two re-evaluations of the pins.
 pub const REPIN_EVERY: u64 = 32;
 /// Share of the cache per layer pins take unless `--pin-share` says otherwise.
-pub const DEFAULT_PIN_SHARE: f64 = 0.5;
+pub const DEFAULT_PIN_SHARE: f64 = 0.75;
 /// Pins swapped per layer at most per re-evaluation.
 pub const REPIN_MAX_CHANGES: usize = 1;
 
