@@ -219,7 +219,12 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
             mmap: opts.mmap,
             ..StorageOptions::default()
         };
-        let bw = read_bandwidth(&map, &storage, args.probe_mb.saturating_mul(1 << 20), opts.io_workers)?;
+        let bw = read_bandwidth(
+            &map,
+            &storage,
+            args.probe_mb.saturating_mul(1 << 20),
+            opts.io_workers,
+        )?;
         Some((bw.bytes_per_sec(), bw.kind))
     } else {
         None

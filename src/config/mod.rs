@@ -1,9 +1,11 @@
 //! Model configurations read from a checkpoint's `config.json`.
 
 pub mod glm;
+pub mod moe_decoder;
 pub mod olmoe;
 
 pub use glm::GlmConfig;
+pub use moe_decoder::{DecoderKind, MoeDecoderConfig};
 pub use olmoe::OlmoeConfig;
 
 use std::path::{Path, PathBuf};
@@ -23,7 +25,9 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("{path}: model_type {found:?} is not supported (supported: olmoe, glm_moe_dsa, deepseek_v3)")]
+    #[error(
+        "{path}: model_type {found:?} is not supported (supported: olmoe, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v3)"
+    )]
     ModelType { path: PathBuf, found: String },
     #[error("{path}: {field} {reason}")]
     Invalid {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
+use crate::config::{ConfigError, GlmConfig, MoeDecoderConfig, OlmoeConfig, read_json};
 use crate::quant::{QFormat, QuantError, quantize_matrix};
 use crate::st::fp8::dequantize_fp8;
 use crate::st::{Checkpoint, Dtype, StError, decode_f32};
@@ -109,6 +109,11 @@ fn model_spec(input: &Path, experts: QFormat, dense: QFormat) -> Result<ModelSpe
     match model_type.as_str() {
         "olmoe" => Ok(ModelSpec::olmoe(
             &OlmoeConfig::from_json(&path, json)?,
+            experts,
+            dense,
+        )),
+        "qwen3_moe" | "mixtral" => Ok(ModelSpec::moe_decoder(
+            &MoeDecoderConfig::from_json(&path, json)?,
             experts,
             dense,
         )),

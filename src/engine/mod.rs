@@ -21,11 +21,12 @@ use colibri_actors::{
     SimSpec, SourceStats, Tag,
 };
 
-use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
+use crate::config::{ConfigError, GlmConfig, MoeDecoderConfig, OlmoeConfig, read_json};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
 use crate::model::glm::{self, Glm, GlmPredictor};
 use crate::model::lm::LanguageModel;
+use crate::model::moe_decoder::{self, MoeDecoder, MoeDecoderPredictor};
 use crate::model::olmoe::{self, LoadOptions, Olmoe, OlmoePredictor};
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
@@ -258,6 +259,29 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(Olmoe::new(cfg, dense, source)), stops, plan))
         }
+        "qwen3_moe" | "mixtral" => {
+            let cfg = MoeDecoderConfig::from_json(&path, json).map_err(ModelError::from)?;
+            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+            let dense = Arc::new(moe_decoder::load_dense(&cfg, &ck, load)?);
+            let (map, codec) = moe_decoder::expert_map(&cfg, &ck, load)?;
+            drop(ck);
+            let predictor: Arc<dyn Predictor> = Arc::new(MoeDecoderPredictor {
+                cfg: cfg.clone(),
+                weights: dense.clone(),
+            });
+            let needs = MemoryNeeds {
+                dense_bytes: dense.resident_bytes() as u64,
+                kv_bytes: (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4) as u64
+                    * opts.max_ctx.map_or(cfg.max_position_embeddings, |c| {
+                        c.min(cfg.max_position_embeddings)
+                    }) as u64
+                    * opts.kv_slots.max(1) as u64,
+            };
+            let (source, plan) =
+                factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
+            let stops = stop_ids(dir, cfg.eos_ids());
+            Ok((Box::new(MoeDecoder::new(cfg, dense, source)), stops, plan))
+        }
         "glm_moe_dsa" | "deepseek_v3" => {
             let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
             let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
@@ -394,6 +418,8 @@ pub fn template_family(dir: &Path) -> crate::chat_template::Family {
         .and_then(|(_, v)| v.get("model_type").and_then(|t| t.as_str()).map(str::to_string));
     match model_type.as_deref() {
         Some("glm_moe_dsa" | "deepseek_v3") => Family::Glm,
+        Some("qwen3_moe") => Family::ChatMl,
+        Some("mixtral") => Family::Mistral,
         _ => Family::Olmoe,
     }
 }

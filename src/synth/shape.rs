@@ -2,14 +2,14 @@
 //!
 //! `coli bench` sizes its prompt, its all-resident pass and its disk probe
 //! from the vocabulary, the expert count and the expert map; this reads them
-//! from an OLMoE or a GLM-5 / DeepSeek-V3 config.json, so the same bench
+//! from an OLMoE, Qwen3-MoE, Mixtral or GLM-5 / DeepSeek-V3 config.json, so the same bench
 //! runs on `coli synth`'s GLM-shaped containers.
 
 use std::path::Path;
 
 use colibri_actors::ExpertMap;
 
-use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
+use crate::config::{ConfigError, GlmConfig, MoeDecoderConfig, OlmoeConfig, read_json};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
 use crate::model::olmoe::LoadOptions;
@@ -20,6 +20,7 @@ use crate::st::Checkpoint;
 enum Family {
     Olmoe(Box<OlmoeConfig>),
     Glm(Box<GlmConfig>),
+    MoeDecoder(Box<MoeDecoderConfig>),
 }
 
 /// Vocabulary, sizes and routing of a model, whatever its family (field
@@ -59,6 +60,18 @@ impl ModelShape {
                     family: Family::Glm(Box::new(c)),
                 }
             }
+            "qwen3_moe" | "mixtral" => {
+                let c = MoeDecoderConfig::from_json(&path, json)?;
+                Self {
+                    model_type,
+                    vocab_size: c.vocab_size,
+                    hidden_size: c.hidden_size,
+                    num_hidden_layers: c.num_hidden_layers,
+                    num_experts: c.num_experts,
+                    num_experts_per_tok: c.num_experts_per_tok,
+                    family: Family::MoeDecoder(Box::new(c)),
+                }
+            }
             _ => {
                 let c = OlmoeConfig::from_json(&path, json)?;
                 Self {
@@ -84,6 +97,7 @@ impl ModelShape {
         match &self.family {
             Family::Olmoe(c) => crate::model::olmoe::expert_map(c, ck, opts),
             Family::Glm(c) => crate::model::glm::expert_map(c, ck, opts, false),
+            Family::MoeDecoder(c) => crate::model::moe_decoder::expert_map(c, ck, opts),
         }
     }
 }

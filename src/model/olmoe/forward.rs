@@ -5,15 +5,15 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertSource, Tag};
 
-use super::attention::attend;
 use super::moe::{Routing, moe_block};
 use super::weights::DenseWeights;
 use crate::config::OlmoeConfig;
+use crate::model::attention::{AttnSpec, QkNorm, attend};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;
 use crate::model::lm::{
     BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
-    logit_rows,
+    output_logits,
 };
 use crate::model::ops::{Rope, rms_norm};
 
@@ -23,6 +23,7 @@ pub struct Olmoe {
     pub weights: Arc<DenseWeights>,
     pub source: Arc<dyn ExpertSource<ExpertWeights>>,
     rope: Rope,
+    attn: AttnSpec,
     /// Routing decisions of the last forward (per layer, per token), kept
     /// for statistics and tests.
     pub last_routing: Vec<Vec<Routing>>,
@@ -35,11 +36,22 @@ impl Olmoe {
         source: Arc<dyn ExpertSource<ExpertWeights>>,
     ) -> Self {
         let rope = Rope::new(cfg.head_dim(), cfg.rope_theta());
+        let attn = AttnSpec {
+            hidden: cfg.hidden_size,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            eps: cfg.rms_norm_eps as f32,
+            qk_norm: QkNorm::Full,
+            clip: cfg.clip_qkv.map(|c| c as f32),
+            window: None,
+        };
         Self {
             cfg,
             weights,
             source,
             rope,
+            attn,
             last_routing: Vec::new(),
         }
     }
@@ -106,7 +118,7 @@ impl Olmoe {
             }
             let attn = {
                 let _s = tracing::trace_span!("attention", layer = l).entered();
-                attend(cfg, lw, &self.rope, l, &xn, &mut parts)
+                attend(&self.attn, &lw.attn, &self.rope, l, &xn, &mut parts)
             };
             for (a, b) in x.iter_mut().zip(&attn) {
                 *a += b;
@@ -141,35 +153,8 @@ impl Olmoe {
         self.last_routing = routing;
 
         let _s = tracing::trace_span!("lm_head").entered();
-        // The wanted rows of every sequence, normalised, through one matmul.
-        let mut rows = Vec::new();
-        let mut row0 = 0;
-        for (tokens, _, want) in seqs.iter() {
-            rows.extend(logit_rows(*want, tokens.len()).map(|t| row0 + t));
-            row0 += tokens.len();
-        }
-        let vocab = cfg.vocab_size;
-        let mut xs = vec![0f32; rows.len() * hidden];
-        for (i, &t) in rows.iter().enumerate() {
-            rms_norm(
-                &x[t * hidden..(t + 1) * hidden],
-                &w.final_norm,
-                eps,
-                &mut xs[i * hidden..(i + 1) * hidden],
-            );
-        }
-        let mut all = vec![0f32; rows.len() * vocab];
-        if !rows.is_empty() {
-            w.lm_head.matmul(&xs, rows.len(), &mut all);
-        }
-        let mut out = Vec::with_capacity(seqs.len());
-        let mut at = 0;
-        for (tokens, _, want) in seqs.iter() {
-            let k = logit_rows(*want, tokens.len()).len();
-            out.push(all[at * vocab..(at + k) * vocab].to_vec());
-            at += k;
-        }
-        Ok(out)
+        let wants: Vec<(usize, Logits)> = seqs.iter().map(|(t, _, want)| (t.len(), *want)).collect();
+        Ok(output_logits(&x, hidden, &wants, &w.final_norm, eps, &w.lm_head))
     }
 }
 

@@ -1,7 +1,6 @@
 //! OLMoE (allenai/OLMoE-1B-7B family): pre-norm decoder layers with q/k
 //! RMSNorm, rotate-half RoPE, and a softmax-routed top-k MoE of SwiGLU experts.
 
-mod attention;
 mod forward;
 mod load;
 mod moe;

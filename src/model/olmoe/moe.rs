@@ -6,24 +6,13 @@ use colibri_actors::{ExpertSource, SourceError, Tag};
 use super::weights::LayerWeights;
 use crate::config::OlmoeConfig;
 use crate::model::expert::ExpertWeights;
-use crate::model::ops::{softmax_inplace, top_k};
 pub use crate::model::routed::Routing;
 use crate::model::routed::routed_sum;
 
 /// Softmax over all experts, top-k, optional renormalisation (transformers'
 /// OlmoeTopKRouter).
 pub fn route(cfg: &OlmoeConfig, router_logits: &[f32]) -> Routing {
-    let mut probs = router_logits.to_vec();
-    softmax_inplace(&mut probs);
-    let experts = top_k(&probs, cfg.num_experts_per_tok);
-    let mut weights: Vec<f32> = experts.iter().map(|&e| probs[e]).collect();
-    if cfg.norm_topk_prob {
-        let sum: f32 = weights.iter().sum();
-        for w in &mut weights {
-            *w /= sum;
-        }
-    }
-    Routing { experts, weights }
+    Routing::softmax_top_k(router_logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
 }
 
 /// Adds the MoE output for `n` tokens to the residual `x`; `xn` are the

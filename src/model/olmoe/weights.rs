@@ -2,18 +2,15 @@
 
 use std::sync::Arc;
 
+use crate::model::attention::AttnWeights;
 use crate::quant::QMatrix;
 
 /// Attention, norms and router of one decoder layer (experts are streamed).
 #[derive(Debug)]
 pub struct LayerWeights {
     pub input_norm: Vec<f32>,
-    pub q: QMatrix,
-    pub k: QMatrix,
-    pub v: QMatrix,
-    pub o: QMatrix,
-    pub q_norm: Vec<f32>,
-    pub k_norm: Vec<f32>,
+    /// Projections and the full-width q/k norms.
+    pub attn: AttnWeights,
     pub post_norm: Vec<f32>,
     /// Router `[num_experts, hidden]`, always f32 (routing decides which
     /// weights are read; quantizing it would change the routing).
@@ -36,11 +33,9 @@ impl DenseWeights {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.router]
-                    .iter()
-                    .map(|m| m.resident_bytes())
-                    .sum::<usize>()
-                    + (l.input_norm.len() + l.q_norm.len() + l.k_norm.len() + l.post_norm.len()) * 4
+                l.attn.resident_bytes()
+                    + l.router.resident_bytes()
+                    + (l.input_norm.len() + l.post_norm.len()) * 4
             })
             .sum();
         let head = if Arc::ptr_eq(&self.embed, &self.lm_head) {

@@ -1,0 +1,16 @@
+//! Qwen3-MoE and Mixtral: Llama-style pre-norm decoders with grouped-query
+//! attention (per-head q/k RMSNorm for Qwen3, none for Mixtral; Mixtral may
+//! use a sliding window), rotate-half RoPE, and a softmax top-k MoE of SwiGLU
+//! experts (Qwen3 may interleave dense MLP layers). One implementation
+//! serves both `model_type`s; [`crate::config::MoeDecoderConfig`] carries
+//! the differences.
+
+mod forward;
+mod load;
+mod predictor;
+mod weights;
+
+pub use forward::MoeDecoder;
+pub use load::{expert_map, load_dense, naming};
+pub use predictor::MoeDecoderPredictor;
+pub use weights::{DenseWeights, Ffn, LayerWeights};

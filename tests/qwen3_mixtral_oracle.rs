@@ -1,0 +1,195 @@
+//! Qwen3-MoE and Mixtral against transformers oracles
+//! (fixtures/{qwen3-moe-tiny,mixtral-tiny}/REF.json, written by
+//! tools/make_qwen_mixtral_fixtures.py): token-exact in f32, through the
+//! streamed pipeline with the pilot, after `coli convert` to an int8
+//! container, with a tied head, and clear errors on hostile configs.
+
+use std::path::{Path, PathBuf};
+
+use colibri::cli::validate::{Reference, greedy, teacher_forcing};
+use colibri::convert::convert;
+use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::model::lm::Logits;
+use colibri::quant::QFormat;
+use colibri::st::{Checkpoint, Dtype};
+use colibri_actors::Tag;
+use safetensors::tensor::TensorView;
+
+const FIXTURES: [&str; 2] = ["fixtures/qwen3-moe-tiny", "fixtures/mixtral-tiny"];
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn check(model: &Path, reference: &Path, opts: &EngineOptions, max_greedy_miss: usize, max_tf_miss: usize) {
+    let r = Reference::load(&reference.join("REF.json")).unwrap();
+    let mut engine = Engine::load(model, opts).unwrap();
+    let (ok, total) = greedy(&mut engine, &r).unwrap();
+    assert!(
+        total - ok <= max_greedy_miss,
+        "{}: greedy {ok}/{total} with {opts:?}",
+        model.display()
+    );
+    let (ok, total) = teacher_forcing(&mut engine, &r).unwrap();
+    assert!(
+        total - ok <= max_tf_miss,
+        "{}: teacher forcing {ok}/{total} with {opts:?}",
+        model.display()
+    );
+}
+
+#[test]
+fn f32_is_token_exact() {
+    for rel in FIXTURES {
+        let dir = fixture(rel);
+        check(&dir, &dir, &EngineOptions::default(), 0, 0);
+    }
+}
+
+#[test]
+fn streamed_with_the_pilot_is_token_exact() {
+    let opts = EngineOptions {
+        placement: Placement::Streamed,
+        pilot: true,
+        cache_cap: Some(2),
+        ..EngineOptions::default()
+    };
+    for rel in FIXTURES {
+        let dir = fixture(rel);
+        check(&dir, &dir, &opts, 0, 0);
+    }
+}
+
+/// `coli convert` to int8 experts and dense matrices keeps each family's
+/// names (Mixtral's `block_sparse_moe.experts.E.w1`), writes no experts for
+/// Qwen3's dense MLP layer, and the container runs within one mismatch of
+/// the f32 oracle (the fixtures were chosen to have none).
+#[test]
+fn int8_container_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    for rel in FIXTURES {
+        let dir = fixture(rel);
+        let out = tmp.path().join(dir.file_name().unwrap());
+        convert(&dir, &out, QFormat::Int8, QFormat::Int8, false).unwrap();
+        let ck = Checkpoint::open(&out).unwrap();
+        if rel.contains("qwen3") {
+            assert!(ck.has("model.layers.0.mlp.experts.5.down_proj.weight"));
+            assert!(!ck.has("model.layers.1.mlp.experts.0.gate_proj.weight"));
+            assert!(ck.has("model.layers.1.mlp.gate_proj.weight"));
+        } else {
+            assert!(ck.has("model.layers.2.block_sparse_moe.experts.4.w2.weight"));
+            assert!(ck.has("model.layers.2.block_sparse_moe.experts.4.w2.weight.qs"));
+            assert!(!ck.has("model.layers.2.block_sparse_moe.gate.weight.qs"));
+        }
+        drop(ck);
+        check(&out, &dir, &EngineOptions::default(), 1, 1);
+        let streamed = EngineOptions {
+            placement: Placement::Streamed,
+            ..EngineOptions::default()
+        };
+        check(&out, &dir, &streamed, 1, 1);
+    }
+}
+
+fn write_variant(src: &Path, dst: &Path, tie: bool) {
+    std::fs::create_dir_all(dst).unwrap();
+    let (_, mut cfg) = colibri::config::read_json(src).unwrap();
+    cfg["tie_word_embeddings"] = tie.into();
+    std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+    let ck = Checkpoint::open(src).unwrap();
+    let head = ck.bytes("lm_head.weight").unwrap().to_vec();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for name in ck.names() {
+        let info = ck.info(name).unwrap();
+        let bytes = match name {
+            "lm_head.weight" if tie => continue,
+            "model.embed_tokens.weight" => head.clone(),
+            _ => ck.bytes(name).unwrap().to_vec(),
+        };
+        tensors.push((name.to_string(), info.shape.clone(), bytes));
+    }
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+}
+
+/// A tied checkpoint (no `lm_head.weight`) gives the same logits, bit for
+/// bit, as an untied one whose head and embedding are equal.
+#[test]
+fn tied_head_equals_an_untied_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    for rel in FIXTURES {
+        let src = fixture(rel);
+        let (tied, untied) = (tmp.path().join("tied"), tmp.path().join("untied"));
+        let _ = std::fs::remove_dir_all(&tied);
+        let _ = std::fs::remove_dir_all(&untied);
+        write_variant(&src, &tied, true);
+        write_variant(&src, &untied, false);
+        let r = Reference::load(&src.join("REF.json")).unwrap();
+        let mut logits = Vec::new();
+        for dir in [&tied, &untied] {
+            let mut engine = Engine::load(dir, &EngineOptions::default()).unwrap();
+            let mut st = engine.model.new_state();
+            logits.push(
+                engine
+                    .model
+                    .forward(&r.full_ids, st.as_mut(), Tag::new(0, 1, 0), Logits::All)
+                    .unwrap(),
+            );
+        }
+        assert!(logits[0] == logits[1], "{rel}: tied and untied heads differ");
+    }
+}
+
+/// Missing, negative, huge and unsupported fields are refused with an error
+/// naming the field, before any weight is read.
+#[test]
+fn hostile_configs_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, Option<serde_json::Value>)] = &[
+        ("qwen3-moe-tiny", "num_experts", None),
+        ("qwen3-moe-tiny", "moe_intermediate_size", Some((-4).into())),
+        ("qwen3-moe-tiny", "head_dim", Some((1u64 << 40).into())),
+        ("qwen3-moe-tiny", "num_key_value_heads", Some(4.into())),
+        ("qwen3-moe-tiny", "decoder_sparse_step", Some(0.into())),
+        (
+            "qwen3-moe-tiny",
+            "mlp_only_layers",
+            Some(serde_json::json!([0, 1, 2, 3])),
+        ),
+        ("qwen3-moe-tiny", "use_sliding_window", Some(true.into())),
+        (
+            "qwen3-moe-tiny",
+            "rope_scaling",
+            Some(serde_json::json!({"rope_type": "yarn", "factor": 4.0})),
+        ),
+        ("qwen3-moe-tiny", "rms_norm_eps", Some(serde_json::json!(-1e-6))),
+        ("mixtral-tiny", "num_local_experts", None),
+        ("mixtral-tiny", "num_experts_per_tok", Some(6.into())),
+        ("mixtral-tiny", "sliding_window", Some(0.into())),
+        ("mixtral-tiny", "vocab_size", Some((1u64 << 40).into())),
+        ("mixtral-tiny", "rope_theta", Some(serde_json::json!(1e300))),
+        ("mixtral-tiny", "hidden_act", Some("gelu".into())),
+    ];
+    for (i, (rel, field, value)) in cases.iter().enumerate() {
+        let src = fixture(&format!("fixtures/{rel}"));
+        let dir = tmp.path().join(format!("case{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (_, mut cfg) = colibri::config::read_json(&src).unwrap();
+        match value {
+            Some(v) => cfg[*field] = v.clone(),
+            None => {
+                cfg.as_object_mut().unwrap().remove(*field);
+            }
+        }
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+        let err = match Engine::load(&dir, &EngineOptions::default()) {
+            Ok(_) => panic!("{rel}: {field}={value:?} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(field), "{rel}: {field}={value:?}: {err}");
+    }
+}
