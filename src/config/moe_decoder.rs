@@ -342,7 +342,7 @@ impl MoeDecoderConfig {
                 format!("names layer {l}, beyond the {} layers", self.num_hidden_layers),
             );
         }
-        if !(0..self.num_hidden_layers).any(|l| self.is_sparse(l)) {
+        if !self.any_sparse() {
             return bad(
                 "mlp_only_layers",
                 "with decoder_sparse_step leaves no layer with routed experts".into(),
@@ -380,7 +380,23 @@ impl MoeDecoderConfig {
 
     /// [`Self::is_sparse`] of every layer.
     pub fn sparse_layers(&self) -> Vec<bool> {
-        (0..self.num_hidden_layers).map(|l| self.is_sparse(l)).collect()
+        let dense: std::collections::HashSet<usize> = self.mlp_only_layers.iter().copied().collect();
+        let step = self.decoder_sparse_step.max(1);
+        (0..self.num_hidden_layers)
+            .map(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step))
+            .collect()
+    }
+
+    /// Whether some layer has routed experts, without walking every layer
+    /// (a hostile config may declare millions).
+    pub fn any_sparse(&self) -> bool {
+        let step = self.decoder_sparse_step.max(1);
+        let candidates = self.num_hidden_layers / step;
+        if candidates > self.mlp_only_layers.len() {
+            return true;
+        }
+        let dense: std::collections::HashSet<usize> = self.mlp_only_layers.iter().copied().collect();
+        (1..=candidates).any(|k| !dense.contains(&(k * step - 1)))
     }
 
     /// Token ids that end generation, from `eos_token_id` (a number or a list).
