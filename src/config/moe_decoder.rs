@@ -159,9 +159,6 @@ fn one() -> usize {
 }
 
 impl MoeDecoderConfig {
-    /// The `model_type`s this config reads.
-    pub const MODEL_TYPES: [&'static str; 2] = ["qwen3_moe", "mixtral"];
-
     pub fn load(dir: &Path) -> Result<Self, ConfigError> {
         let (path, value) = read_json(dir)?;
         Self::from_json(&path, value)

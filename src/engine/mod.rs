@@ -21,7 +21,7 @@ use colibri_actors::{
     SimSpec, SourceStats, Tag,
 };
 
-use crate::config::{ConfigError, GlmConfig, MoeDecoderConfig, OlmoeConfig, read_json};
+use crate::config::{DecoderKind, ModelConfig};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
 use crate::model::glm::{self, Glm, GlmPredictor};
@@ -222,12 +222,7 @@ impl SourceFactory<'_> {
 type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan);
 
 fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> {
-    let (path, json) = read_json(dir).map_err(ModelError::from)?;
-    let model_type = json
-        .get("model_type")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_string();
+    let config = ModelConfig::load(dir).map_err(ModelError::from)?;
     let load = LoadOptions {
         expert_format: QFormat::from_bits(opts.expert_bits)
             .map_err(|e| EngineError::Option(e.to_string()))?,
@@ -235,9 +230,9 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
         int8_acts: opts.int8_acts,
     };
     let factory = SourceFactory { opts };
-    match model_type.as_str() {
-        "olmoe" => {
-            let cfg = OlmoeConfig::from_json(&path, json).map_err(ModelError::from)?;
+    match config {
+        ModelConfig::Olmoe(cfg) => {
+            let cfg = *cfg;
             let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
             let dense = Arc::new(olmoe::load_dense(&cfg, &ck, load)?);
             let (map, codec) = olmoe::expert_map(&cfg, &ck, load)?;
@@ -259,8 +254,8 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(Olmoe::new(cfg, dense, source)), stops, plan))
         }
-        "qwen3_moe" | "mixtral" => {
-            let cfg = MoeDecoderConfig::from_json(&path, json).map_err(ModelError::from)?;
+        ModelConfig::MoeDecoder(cfg) => {
+            let cfg = *cfg;
             let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
             let dense = Arc::new(moe_decoder::load_dense(&cfg, &ck, load)?);
             let (map, codec) = moe_decoder::expert_map(&cfg, &ck, load)?;
@@ -282,8 +277,8 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(MoeDecoder::new(cfg, dense, source)), stops, plan))
         }
-        "glm_moe_dsa" | "deepseek_v3" => {
-            let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
+        ModelConfig::Glm(cfg) => {
+            let cfg = *cfg;
             let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
             let mtp = glm::mtp_available(&cfg, &ck);
             let with_mtp = mtp.is_ok();
@@ -309,11 +304,6 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(Glm::new(cfg, dense, source, mtp.err())), stops, plan))
         }
-        other => Err(ModelError::from(ConfigError::ModelType {
-            path,
-            found: other.to_string(),
-        })
-        .into()),
     }
 }
 
@@ -413,13 +403,12 @@ pub fn stop_ids(dir: &Path, config_eos: Vec<u32>) -> Vec<u32> {
 /// The built-in chat template family for a model directory's `model_type`.
 pub fn template_family(dir: &Path) -> crate::chat_template::Family {
     use crate::chat_template::Family;
-    let model_type = crate::config::read_json(dir)
-        .ok()
-        .and_then(|(_, v)| v.get("model_type").and_then(|t| t.as_str()).map(str::to_string));
-    match model_type.as_deref() {
-        Some("glm_moe_dsa" | "deepseek_v3") => Family::Glm,
-        Some("qwen3_moe") => Family::ChatMl,
-        Some("mixtral") => Family::Mistral,
-        _ => Family::Olmoe,
+    match ModelConfig::load(dir) {
+        Ok(ModelConfig::Glm(_)) => Family::Glm,
+        Ok(ModelConfig::MoeDecoder(c)) => match c.kind {
+            DecoderKind::Qwen3Moe => Family::ChatMl,
+            DecoderKind::Mixtral => Family::Mistral,
+        },
+        Ok(ModelConfig::Olmoe(_)) | Err(_) => Family::Olmoe,
     }
 }

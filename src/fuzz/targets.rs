@@ -8,7 +8,7 @@ use colibri_actors::kv::{KvFile, KvLayout, KvLoad, KvRecords};
 
 use super::Verdict;
 use super::mutate::{Rng, byte_mutation, json_mutation, number_mutation};
-use crate::config::{GlmConfig, MoeDecoderConfig, OlmoeConfig};
+use crate::config::{GlmConfig, ModelConfig, MoeDecoderConfig, OlmoeConfig};
 use crate::quant::{ByteStore, QFormat};
 use crate::serve::batch::codec::{self as batch, Decoder, Item};
 use crate::serve::{Frame, FrameLimits, FrameReader};
@@ -256,20 +256,11 @@ fn config_check(input: &[u8]) -> Verdict {
         return Verdict::Refused;
     };
     let path = Path::new("config.json");
-    match v.get("model_type").and_then(|t| t.as_str()) {
-        Some("olmoe") => match OlmoeConfig::from_json(path, v) {
-            Ok(c) => olmoe_invariants(&c),
-            Err(_) => Verdict::Refused,
-        },
-        Some("glm_moe_dsa" | "deepseek_v3") => match GlmConfig::from_json(path, v) {
-            Ok(c) => glm_invariants(&c),
-            Err(_) => Verdict::Refused,
-        },
-        Some("qwen3_moe" | "mixtral") => match MoeDecoderConfig::from_json(path, v) {
-            Ok(c) => moe_decoder_invariants(&c),
-            Err(_) => Verdict::Refused,
-        },
-        _ => Verdict::Refused,
+    match ModelConfig::from_json(path, v) {
+        Ok(ModelConfig::Olmoe(c)) => olmoe_invariants(&c),
+        Ok(ModelConfig::Glm(c)) => glm_invariants(&c),
+        Ok(ModelConfig::MoeDecoder(c)) => moe_decoder_invariants(&c),
+        Err(_) => Verdict::Refused,
     }
 }
 
