@@ -2,13 +2,17 @@
 //! (fixtures/{qwen3-moe-tiny,mixtral-tiny}/REF.json, written by
 //! tools/make_qwen_mixtral_fixtures.py): token-exact in f32, through the
 //! streamed pipeline with the pilot, after `coli convert` to an int8
-//! container, with a tied head, and clear errors on hostile configs.
+//! container, with a tied head, through `coli serve` with the chat
+//! template, and clear errors on hostile configs.
+
+mod support;
 
 use std::path::{Path, PathBuf};
 
+use colibri::chat_template::{ChatMessage, ChatTemplate};
 use colibri::cli::validate::{Reference, greedy, teacher_forcing};
 use colibri::convert::convert;
-use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::engine::{Engine, EngineOptions, Placement, template_family};
 use colibri::model::lm::Logits;
 use colibri::quant::QFormat;
 use colibri::st::{Checkpoint, Dtype};
@@ -191,5 +195,43 @@ fn hostile_configs_are_refused_by_name() {
             Err(e) => e.to_string(),
         };
         assert!(err.contains(field), "{rel}: {field}={value:?}: {err}");
+    }
+}
+
+/// Qwen3's fixture ships a ChatML template in tokenizer_config.json;
+/// Mixtral's ships none, so the built-in Mistral format applies.
+#[test]
+fn chat_templates_come_from_the_model_or_the_family() {
+    let want = [
+        (
+            "fixtures/qwen3-moe-tiny",
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        ("fixtures/mixtral-tiny", "<s>[INST] Hi [/INST]"),
+    ];
+    for (rel, text) in want {
+        let dir = fixture(rel);
+        let t =
+            ChatTemplate::from_tokenizer_config(&dir.join("tokenizer_config.json"), template_family(&dir))
+                .unwrap();
+        assert_eq!(t.render(&[ChatMessage::user("Hi")], true).unwrap(), text, "{rel}");
+    }
+}
+
+/// `coli serve` answers chat turns on both families and exits cleanly.
+#[test]
+fn serve_answers_turns() {
+    for rel in FIXTURES {
+        let mut server = support::Server::start(
+            &fixture(rel),
+            &["--temperature", "0", "--max-tokens", "6", "--kv-slots", "2"],
+        );
+        let first = server.line("hello there");
+        assert_eq!(first.stat.len(), 6, "{rel}: {first:?}");
+        assert!(first.field(4) > 0, "{rel}: {first:?}");
+        let second = server.line("and again");
+        assert_eq!(second.stat.len(), 6, "{rel}: {second:?}");
+        let (status, err) = server.finish();
+        assert!(status.success(), "{rel}: {err}");
     }
 }
