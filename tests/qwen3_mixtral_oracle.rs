@@ -235,3 +235,63 @@ fn serve_answers_turns() {
         assert!(status.success(), "{rel}: {err}");
     }
 }
+
+/// A bf16 checkpoint (as published) converts to an int4-expert container
+/// that loads and generates: bf16 widened to f32 for the kept tensors,
+/// experts int4. bf16 and int4 rounding change the numbers (16/24 greedy
+/// tokens on both fixtures), so only the run and the formats are checked.
+#[test]
+fn bf16_input_converts_to_int4_experts_and_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    for rel in FIXTURES {
+        let src = fixture(rel);
+        let bf16 = tmp
+            .path()
+            .join(format!("{}-bf16", src.file_name().unwrap().to_string_lossy()));
+        std::fs::create_dir_all(&bf16).unwrap();
+        for f in [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            std::fs::copy(src.join(f), bf16.join(f)).unwrap();
+        }
+        let ck = Checkpoint::open(&src).unwrap();
+        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = ck
+            .names()
+            .map(|name| {
+                let bytes: Vec<u8> = ck
+                    .bytes(name)
+                    .unwrap()
+                    .chunks_exact(4)
+                    .flat_map(|c| {
+                        let b = f32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_bits();
+                        // round to nearest even
+                        let r = ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+                        r.to_le_bytes()
+                    })
+                    .collect();
+                (name.to_string(), ck.info(name).unwrap().shape.clone(), bytes)
+            })
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::BF16, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &bf16.join("model.safetensors")).unwrap();
+        let out = tmp
+            .path()
+            .join(format!("{}-int4", src.file_name().unwrap().to_string_lossy()));
+        convert(&bf16, &out, QFormat::Int4, QFormat::F32, false).unwrap();
+        let ck = Checkpoint::open(&out).unwrap();
+        assert_eq!(ck.info("model.norm.weight").unwrap().dtype, Dtype::F32);
+        assert_eq!(ck.info("model.embed_tokens.weight").unwrap().dtype, Dtype::F32);
+        drop(ck);
+        let r = Reference::load(&src.join("REF.json")).unwrap();
+        let mut engine = Engine::load(&out, &EngineOptions::default()).unwrap();
+        let (ok, total) = greedy(&mut engine, &r).unwrap();
+        assert_eq!(total, r.full_ids.len() - r.prompt_ids.len());
+        eprintln!("{rel}: bf16 -> int4 experts: greedy {ok}/{total}");
+    }
+}
