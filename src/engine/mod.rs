@@ -26,8 +26,8 @@ use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
 use crate::model::glm::{self, Glm, GlmPredictor};
 use crate::model::lm::LanguageModel;
-use crate::model::moe_decoder::{self, MoeDecoder, MoeDecoderPredictor};
-use crate::model::olmoe::{self, LoadOptions, Olmoe, OlmoePredictor};
+use crate::model::moe_decoder::{self, MoeDecoder, RouterPredictor};
+use crate::model::olmoe::{self, LoadOptions, Olmoe};
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -237,8 +237,10 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let dense = Arc::new(olmoe::load_dense(&cfg, &ck, load)?);
             let (map, codec) = olmoe::expert_map(&cfg, &ck, load)?;
             drop(ck);
-            let predictor: Arc<dyn Predictor> = Arc::new(OlmoePredictor {
-                cfg: cfg.clone(),
+            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor {
+                hidden: cfg.hidden_size,
+                rms_norm_eps: cfg.rms_norm_eps as f32,
+                num_experts: cfg.num_experts,
                 weights: dense.clone(),
             });
             let needs = MemoryNeeds {
@@ -260,8 +262,10 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let dense = Arc::new(moe_decoder::load_dense(&cfg, &ck, load)?);
             let (map, codec) = moe_decoder::expert_map(&cfg, &ck, load)?;
             drop(ck);
-            let predictor: Arc<dyn Predictor> = Arc::new(MoeDecoderPredictor {
-                cfg: cfg.clone(),
+            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor {
+                hidden: cfg.hidden_size,
+                rms_norm_eps: cfg.rms_norm_eps as f32,
+                num_experts: cfg.num_experts,
                 weights: dense.clone(),
             });
             let needs = MemoryNeeds {

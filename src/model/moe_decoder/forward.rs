@@ -76,85 +76,120 @@ impl MoeDecoder {
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let cfg = &self.cfg;
-        let w = &self.weights;
-        let hidden = cfg.hidden_size;
-        let eps = cfg.rms_norm_eps as f32;
-        for (tokens, kv, _) in seqs.iter() {
-            check_tokens(tokens, kv.len(), cfg.vocab_size, cfg.max_position_embeddings)?;
+        let pass = Pass {
+            vocab: cfg.vocab_size,
+            max_positions: cfg.max_position_embeddings,
+            num_experts: cfg.num_experts,
+            top_k: cfg.num_experts_per_tok,
+            renorm: cfg.norm_topk_prob,
+            attn: &self.attn,
+            rope: &self.rope,
+        };
+        let (logits, routing) = run_pass(&pass, &self.weights, self.source.as_ref(), seqs, tag)?;
+        self.last_routing = routing;
+        Ok(logits)
+    }
+}
+
+/// What a pass of a Llama-style MoE decoder needs besides its weights
+/// (shared with OLMoE, whose layers are this decoder's with full-width q/k
+/// norms and `clip_qkv`).
+pub(crate) struct Pass<'a> {
+    pub vocab: usize,
+    pub max_positions: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Renormalise the top-k probabilities (`norm_topk_prob`; Mixtral always).
+    pub renorm: bool,
+    pub attn: &'a AttnSpec,
+    pub rope: &'a Rope,
+}
+
+/// Each sequence's wanted logits, and the routing of every sparse layer
+/// (per token).
+pub(crate) type PassOutput = (Vec<Vec<f32>>, Vec<Vec<Routing>>);
+
+/// One pass over the new tokens of several sequences: returns each
+/// sequence's wanted logits and the routing of every sparse layer.
+pub(crate) fn run_pass(
+    p: &Pass<'_>,
+    w: &DenseWeights,
+    source: &dyn ExpertSource<ExpertWeights>,
+    seqs: &mut [(&[u32], &mut KvCache, Logits)],
+    tag: Tag,
+) -> Result<PassOutput, ForwardError> {
+    let hidden = p.attn.hidden;
+    let eps = p.attn.eps;
+    let layers = w.layers.len();
+    for (tokens, kv, _) in seqs.iter() {
+        check_tokens(tokens, kv.len(), p.vocab, p.max_positions)?;
+    }
+    let n: usize = seqs.iter().map(|(t, _, _)| t.len()).sum();
+    if n == 0 {
+        return Ok((vec![Vec::new(); seqs.len()], Vec::new()));
+    }
+    let mut x = vec![0f32; n * hidden];
+    for (t, &id) in seqs.iter().flat_map(|(t, _, _)| t.iter()).enumerate() {
+        w.embed
+            .dequantize_row(id as usize, &mut x[t * hidden..(t + 1) * hidden]);
+    }
+    let mut parts: Vec<(usize, &mut KvCache)> =
+        seqs.iter_mut().map(|(t, kv, _)| (t.len(), &mut **kv)).collect();
+    source.advance(tag.at_layer(0));
+    let mut routing = Vec::new();
+    let mut xn = vec![0f32; n * hidden];
+    let norm_rows = |x: &[f32], weight: &[f32], out: &mut [f32]| {
+        for (xr, or) in x.chunks_exact(hidden).zip(out.chunks_exact_mut(hidden)) {
+            rms_norm(xr, weight, eps, or);
         }
-        let n: usize = seqs.iter().map(|(t, _, _)| t.len()).sum();
-        if n == 0 {
-            return Ok(vec![Vec::new(); seqs.len()]);
+    };
+    for (l, lw) in w.layers.iter().enumerate() {
+        let _span = tracing::trace_span!("layer", l).entered();
+        norm_rows(&x, &lw.input_norm, &mut xn);
+        let attn = {
+            let _s = tracing::trace_span!("attention", layer = l).entered();
+            attend(p.attn, &lw.attn, p.rope, l, &xn, &mut parts)
+        };
+        for (a, b) in x.iter_mut().zip(&attn) {
+            *a += b;
         }
-        let mut x = vec![0f32; n * hidden];
-        for (t, &id) in seqs.iter().flat_map(|(t, _, _)| t.iter()).enumerate() {
-            w.embed
-                .dequantize_row(id as usize, &mut x[t * hidden..(t + 1) * hidden]);
+        // Offer the residual of the last token to the pilot of layer l+1.
+        if l + 1 < layers {
+            source.pilot(tag.at_layer(l as u32 + 1), &x[(n - 1) * hidden..n * hidden]);
         }
-        let mut parts: Vec<(usize, &mut KvCache)> =
-            seqs.iter_mut().map(|(t, kv, _)| (t.len(), &mut **kv)).collect();
-        self.source.advance(tag.at_layer(0));
-        let mut routing = Vec::new();
-        let mut xn = vec![0f32; n * hidden];
-        let norm_rows = |x: &[f32], weight: &[f32], out: &mut [f32]| {
-            for (xr, or) in x.chunks_exact(hidden).zip(out.chunks_exact_mut(hidden)) {
-                rms_norm(xr, weight, eps, or);
+        norm_rows(&x, &lw.post_norm, &mut xn);
+        let out = match &lw.ffn {
+            Ffn::Dense(mlp) => {
+                let mut y = vec![0f32; n * hidden];
+                mlp.forward(&xn, n, &mut y);
+                y
+            }
+            Ffn::Moe { router } => {
+                let ne = p.num_experts;
+                let mut logits = vec![0f32; n * ne];
+                router.matmul(&xn, n, &mut logits);
+                let routes: Vec<Routing> = logits
+                    .chunks_exact(ne)
+                    .map(|r| Routing::softmax_top_k(r, p.top_k, p.renorm))
+                    .collect();
+                let acc = routed_sum(source, tag.at_layer(l as u32), &routes, ne, &xn, hidden)?;
+                routing.push(routes);
+                acc
             }
         };
-        for (l, lw) in w.layers.iter().enumerate() {
-            let _span = tracing::trace_span!("layer", l).entered();
-            norm_rows(&x, &lw.input_norm, &mut xn);
-            let attn = {
-                let _s = tracing::trace_span!("attention", layer = l).entered();
-                attend(&self.attn, &lw.attn, &self.rope, l, &xn, &mut parts)
-            };
-            for (a, b) in x.iter_mut().zip(&attn) {
-                *a += b;
-            }
-            // Offer the residual of the last token to the pilot of layer l+1.
-            if l + 1 < cfg.num_hidden_layers {
-                self.source
-                    .pilot(tag.at_layer(l as u32 + 1), &x[(n - 1) * hidden..n * hidden]);
-            }
-            norm_rows(&x, &lw.post_norm, &mut xn);
-            let out = match &lw.ffn {
-                Ffn::Dense(mlp) => {
-                    let mut y = vec![0f32; n * hidden];
-                    mlp.forward(&xn, n, &mut y);
-                    y
-                }
-                Ffn::Moe { router } => {
-                    let ne = cfg.num_experts;
-                    let mut logits = vec![0f32; n * ne];
-                    router.matmul(&xn, n, &mut logits);
-                    let routes: Vec<Routing> = logits
-                        .chunks_exact(ne)
-                        .map(|r| Routing::softmax_top_k(r, cfg.num_experts_per_tok, cfg.norm_topk_prob))
-                        .collect();
-                    let acc = routed_sum(
-                        self.source.as_ref(),
-                        tag.at_layer(l as u32),
-                        &routes,
-                        ne,
-                        &xn,
-                        hidden,
-                    )?;
-                    routing.push(routes);
-                    acc
-                }
-            };
-            for (a, b) in x.iter_mut().zip(&out) {
-                *a += b;
-            }
+        for (a, b) in x.iter_mut().zip(&out) {
+            *a += b;
         }
-        for (m, kv) in parts.iter_mut() {
-            kv.commit(*m);
-        }
-        self.last_routing = routing;
-        let _s = tracing::trace_span!("lm_head").entered();
-        let wants: Vec<(usize, Logits)> = seqs.iter().map(|(t, _, want)| (t.len(), *want)).collect();
-        Ok(output_logits(&x, hidden, &wants, &w.final_norm, eps, &w.lm_head))
     }
+    for (m, kv) in parts.iter_mut() {
+        kv.commit(*m);
+    }
+    let _s = tracing::trace_span!("lm_head").entered();
+    let wants: Vec<(usize, Logits)> = seqs.iter().map(|(t, _, want)| (t.len(), *want)).collect();
+    Ok((
+        output_logits(&x, hidden, &wants, &w.final_norm, eps, &w.lm_head),
+        routing,
+    ))
 }
 
 impl LanguageModel for MoeDecoder {

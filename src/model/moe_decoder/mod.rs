@@ -3,7 +3,8 @@
 //! use a sliding window), rotate-half RoPE, and a softmax top-k MoE of SwiGLU
 //! experts (Qwen3 may interleave dense MLP layers). One implementation
 //! serves both `model_type`s; [`crate::config::MoeDecoderConfig`] carries
-//! the differences.
+//! the differences. OLMoE runs its layers through the same pass
+//! ([`run_pass`]) and predictor.
 
 mod forward;
 mod load;
@@ -11,6 +12,7 @@ mod predictor;
 mod weights;
 
 pub use forward::MoeDecoder;
+pub(crate) use forward::{Pass, run_pass};
 pub use load::{expert_map, load_dense, naming};
-pub use predictor::MoeDecoderPredictor;
+pub use predictor::RouterPredictor;
 pub use weights::{DenseWeights, Ffn, LayerWeights};

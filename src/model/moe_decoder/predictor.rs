@@ -1,20 +1,21 @@
-//! The pilot's view of Qwen3-MoE / Mixtral: predict a sparse layer's experts
-//! from the residual after the previous layer's attention, with that layer's
-//! real norm and router.
+//! The pilot's view of a Llama-style MoE decoder (Qwen3-MoE, Mixtral,
+//! OLMoE): predict a sparse layer's experts from the residual after the
+//! previous layer's attention, with that layer's real norm and router.
 
 use std::sync::Arc;
 
 use super::weights::{DenseWeights, Ffn};
-use crate::config::MoeDecoderConfig;
 use crate::model::ops::rms_norm;
 use crate::model::routed::Routing;
 
-pub struct MoeDecoderPredictor {
-    pub cfg: MoeDecoderConfig,
+pub struct RouterPredictor {
+    pub hidden: usize,
+    pub rms_norm_eps: f32,
+    pub num_experts: usize,
     pub weights: Arc<DenseWeights>,
 }
 
-impl MoeDecoderPredictor {
+impl RouterPredictor {
     /// The `k` most likely experts of `layer` for `residual` (best first);
     /// empty for dense layers.
     pub fn predict(&self, layer: usize, residual: &[f32], k: usize) -> Vec<u32> {
@@ -24,15 +25,15 @@ impl MoeDecoderPredictor {
         let Ffn::Moe { router } = &w.ffn else {
             return Vec::new();
         };
-        if residual.len() != self.cfg.hidden_size {
+        if residual.len() != self.hidden {
             return Vec::new();
         }
         let mut xn = vec![0f32; residual.len()];
-        rms_norm(residual, &w.post_norm, self.cfg.rms_norm_eps as f32, &mut xn);
-        let mut logits = vec![0f32; self.cfg.num_experts];
+        rms_norm(residual, &w.post_norm, self.rms_norm_eps, &mut xn);
+        let mut logits = vec![0f32; self.num_experts];
         router.matvec(&xn, &mut logits);
         // Renormalising does not change the order.
-        Routing::softmax_top_k(&logits, k.min(self.cfg.num_experts), false)
+        Routing::softmax_top_k(&logits, k.min(self.num_experts), false)
             .experts
             .into_iter()
             .map(|e| e as u32)
@@ -40,8 +41,8 @@ impl MoeDecoderPredictor {
     }
 }
 
-impl colibri_actors::Predictor for MoeDecoderPredictor {
+impl colibri_actors::Predictor for RouterPredictor {
     fn predict(&self, layer: u32, residual: &[f32], k: usize) -> Vec<u32> {
-        MoeDecoderPredictor::predict(self, layer as usize, residual, k)
+        RouterPredictor::predict(self, layer as usize, residual, k)
     }
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
-use super::weights::{DenseWeights, LayerWeights};
 use crate::config::OlmoeConfig;
 use crate::model::ModelError;
 use crate::model::attention::AttnWeights;
 use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert};
+use crate::model::moe_decoder::{DenseWeights, Ffn, LayerWeights};
 use crate::model::want::MatrixWant;
 use crate::quant::{QFormat, QMatrix};
 use crate::st::Checkpoint;
@@ -74,12 +74,14 @@ pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Resu
                 k_norm: vec(&n("self_attn.k_norm.weight"), kv_dim)?,
             },
             post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
-            router: QMatrix::from_f32(
-                cfg.num_experts,
-                h,
-                ck.f32_tensor(&n("mlp.gate.weight"), &[cfg.num_experts, h])?,
-            )
-            .map_err(|e| ModelError::Weights(format!("{}: {e}", n("mlp.gate.weight"))))?,
+            ffn: Ffn::Moe {
+                router: QMatrix::from_f32(
+                    cfg.num_experts,
+                    h,
+                    ck.f32_tensor(&n("mlp.gate.weight"), &[cfg.num_experts, h])?,
+                )
+                .map_err(|e| ModelError::Weights(format!("{}: {e}", n("mlp.gate.weight"))))?,
+            },
         });
     }
     let final_norm = vec("model.norm.weight", h)?;
