@@ -112,6 +112,15 @@ fn glm_batched_step_equals_each_sequence_alone() {
 }
 
 #[test]
+fn qwen3_moe_and_mixtral_batched_step_equals_each_sequence_alone() {
+    for rel in ["fixtures/qwen3-moe-tiny", "fixtures/mixtral-tiny"] {
+        for (acts, bits) in [(true, 8), (false, 4), (false, 32)] {
+            check(rel, acts, bits);
+        }
+    }
+}
+
+#[test]
 fn a_bad_token_fails_before_any_state_changes() {
     let mut engine = load("models/colibri-tiny", true, 8);
     let vocab = engine.model.vocab_size() as u32;

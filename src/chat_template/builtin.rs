@@ -10,6 +10,12 @@ pub enum Family {
     /// after the role tags, and an empty `<think></think>` block that switches
     /// thinking off (without it the model rambles and never stops).
     Glm,
+    /// Qwen3: ChatML, `<|im_start|>role\n...<|im_end|>\n`, the reply opened
+    /// with an empty `<think>` block (Qwen3's `enable_thinking=False`).
+    ChatMl,
+    /// Mixtral-Instruct: `<s>[INST] ... [/INST]`, replies closed by `</s>`;
+    /// a system message is put before the first instruction.
+    Mistral,
 }
 
 impl Family {
@@ -18,6 +24,8 @@ impl Family {
         match self {
             Family::Olmoe => OLMOE,
             Family::Glm => GLM,
+            Family::ChatMl => CHATML,
+            Family::Mistral => MISTRAL,
         }
     }
 
@@ -26,6 +34,8 @@ impl Family {
         match self {
             Family::Olmoe => ("<|endoftext|>", "<|endoftext|>"),
             Family::Glm => ("", "<|endoftext|>"),
+            Family::ChatMl => ("", "<|im_end|>"),
+            Family::Mistral => ("<s>", "</s>"),
         }
     }
 }
@@ -42,6 +52,23 @@ const OLMOE: &str = "{{ bos_token }}\
 {%- endif -%}\
 {%- endfor -%}\
 {%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}";
+
+const CHATML: &str = "{%- for m in messages -%}\
+{%- if m.role in ['system', 'user', 'assistant'] -%}\
+{{ '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' }}\
+{%- else -%}{{ raise_exception('unsupported role ' ~ m.role) }}\
+{%- endif -%}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}{%- endif -%}";
+
+const MISTRAL: &str = "{{ bos_token }}\
+{%- for m in messages -%}\
+{%- if m.role == 'system' -%}{{ m.content ~ '\\n\\n' }}\
+{%- elif m.role == 'user' -%}{{ '[INST] ' ~ m.content ~ ' [/INST]' }}\
+{%- elif m.role == 'assistant' -%}{{ m.content ~ eos_token }}\
+{%- else -%}{{ raise_exception('unsupported role ' ~ m.role) }}\
+{%- endif -%}\
+{%- endfor -%}";
 
 const GLM: &str = "[gMASK]<sop>\
 {%- for m in messages -%}\

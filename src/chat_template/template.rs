@@ -306,6 +306,19 @@ mod tests {
     }
 
     #[test]
+    fn chatml_and_mistral_builtin_formats() {
+        let t = ChatTemplate::builtin(Family::ChatMl);
+        assert_eq!(
+            t.render_turn(&[], "Hi").unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        );
+        let t = ChatTemplate::builtin(Family::Mistral);
+        assert_eq!(t.render_turn(&[], "Hi").unwrap(), "<s>[INST] Hi [/INST]");
+        let hist = [ChatMessage::user("Hi"), ChatMessage::assistant("Yo")];
+        assert_eq!(t.render_turn(&hist, "Again").unwrap(), "[INST] Again [/INST]");
+    }
+
+    #[test]
     fn hf_features_work() {
         let src = "{% for m in messages %}{% if m.role not in ['user','assistant'] %}\
                    {{ raise_exception('bad role: ' + m.role) }}{% endif %}\

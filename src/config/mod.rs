@@ -1,12 +1,51 @@
 //! Model configurations read from a checkpoint's `config.json`.
 
 pub mod glm;
+pub mod moe_decoder;
 pub mod olmoe;
 
 pub use glm::GlmConfig;
+pub use moe_decoder::{DecoderKind, MoeDecoderConfig};
 pub use olmoe::OlmoeConfig;
 
 use std::path::{Path, PathBuf};
+
+/// A model's validated configuration, one variant per family. This is the
+/// one place a `model_type` is mapped to a family: the engine, `coli
+/// convert`, `coli bench` and the fuzzer match on the variant, so a new
+/// family added here is a compile error everywhere it must be handled.
+#[derive(Clone, Debug)]
+pub enum ModelConfig {
+    Olmoe(Box<OlmoeConfig>),
+    /// Qwen3-MoE and Mixtral.
+    MoeDecoder(Box<MoeDecoderConfig>),
+    /// GLM-5 and DeepSeek-V3.
+    Glm(Box<GlmConfig>),
+}
+
+impl ModelConfig {
+    /// Reads and validates `dir`'s config.json.
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let (path, value) = read_json(dir)?;
+        Self::from_json(&path, value)
+    }
+
+    /// The family named by `model_type`, its config parsed and validated.
+    pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let model_type = value.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+        Ok(match model_type {
+            "olmoe" => Self::Olmoe(Box::new(OlmoeConfig::from_json(path, value)?)),
+            "qwen3_moe" | "mixtral" => Self::MoeDecoder(Box::new(MoeDecoderConfig::from_json(path, value)?)),
+            "glm_moe_dsa" | "deepseek_v3" => Self::Glm(Box::new(GlmConfig::from_json(path, value)?)),
+            other => {
+                return Err(ConfigError::ModelType {
+                    path: path.to_path_buf(),
+                    found: other.to_string(),
+                });
+            }
+        })
+    }
+}
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +62,9 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("{path}: model_type {found:?} is not supported (supported: olmoe, glm_moe_dsa, deepseek_v3)")]
+    #[error(
+        "{path}: model_type {found:?} is not supported (supported: olmoe, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v3)"
+    )]
     ModelType { path: PathBuf, found: String },
     #[error("{path}: {field} {reason}")]
     Invalid {

@@ -10,6 +10,7 @@ use std::path::Path;
 use super::ConvertError;
 use super::plan::{ModelSpec, layer_of};
 use crate::config::{ConfigError, GlmConfig};
+use crate::model::expert::ExpertNaming;
 use crate::model::glm::mtp_format;
 use crate::quant::QFormat;
 
@@ -66,6 +67,7 @@ pub(crate) fn spec(
             }
         }),
         metadata,
+        naming: ExpertNaming::Mlp,
     })
 }
 

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
+use crate::config::{ConfigError, ModelConfig, read_json};
 use crate::quant::{QFormat, QuantError, quantize_matrix};
 use crate::st::fp8::dequantize_fp8;
 use crate::st::{Checkpoint, Dtype, StError, decode_f32};
@@ -101,26 +101,10 @@ pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
 /// config.json's `model_type`.
 fn model_spec(input: &Path, experts: QFormat, dense: QFormat) -> Result<ModelSpec, ConvertError> {
     let (path, json) = read_json(input)?;
-    let model_type = json
-        .get("model_type")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_string();
-    match model_type.as_str() {
-        "olmoe" => Ok(ModelSpec::olmoe(
-            &OlmoeConfig::from_json(&path, json)?,
-            experts,
-            dense,
-        )),
-        "glm_moe_dsa" | "deepseek_v3" => {
-            let cfg = GlmConfig::from_json(&path, json)?;
-            glm::spec(&cfg, &path, experts, dense)
-        }
-        other => Err(ConfigError::ModelType {
-            path,
-            found: other.to_string(),
-        }
-        .into()),
+    match ModelConfig::from_json(&path, json)? {
+        ModelConfig::Olmoe(cfg) => Ok(ModelSpec::olmoe(&cfg, experts, dense)),
+        ModelConfig::MoeDecoder(cfg) => Ok(ModelSpec::moe_decoder(&cfg, experts, dense)),
+        ModelConfig::Glm(cfg) => glm::spec(&cfg, &path, experts, dense),
     }
 }
 

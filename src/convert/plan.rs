@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::ConvertError;
-use crate::config::OlmoeConfig;
+use crate::config::{MoeDecoderConfig, OlmoeConfig};
+use crate::model::expert::ExpertNaming;
 use crate::quant::QFormat;
 use crate::st::fp8::{FP8_BLOCK, SCALE_INV_SUFFIX};
 use crate::st::{Checkpoint, SCALE_SUFFIX};
@@ -34,6 +35,8 @@ pub(crate) struct ModelSpec {
     pub dense_format: Box<DenseRule>,
     /// Extra `__metadata__` entries describing the choices.
     pub metadata: Vec<(&'static str, String)>,
+    /// How routed experts are named (read and written under the same names).
+    pub naming: ExpertNaming,
 }
 
 impl ModelSpec {
@@ -53,6 +56,29 @@ impl ModelSpec {
                 }
             }),
             metadata: Vec::new(),
+            naming: ExpertNaming::Mlp,
+        }
+    }
+
+    /// Qwen3-MoE / Mixtral: routed experts in the sparse layers (Qwen3's
+    /// dense MLP layers are ordinary dense tensors), one format for all,
+    /// under the family's own expert names.
+    pub fn moe_decoder(cfg: &MoeDecoderConfig, experts: QFormat, dense: QFormat) -> Self {
+        Self {
+            expert_layers: cfg.sparse_layers(),
+            n_experts: cfg.num_experts,
+            hidden: cfg.hidden_size,
+            inter: cfg.moe_intermediate_size,
+            expert_format: vec![experts; cfg.num_hidden_layers],
+            dense_format: Box::new(move |name, shape| {
+                if keeps_f32(name, shape) {
+                    QFormat::F32
+                } else {
+                    dense
+                }
+            }),
+            metadata: vec![("model_type", cfg.model_type.clone())],
+            naming: crate::model::moe_decoder::naming(cfg),
         }
     }
 
@@ -239,19 +265,6 @@ fn fp8_scales(
     Ok(Some(sname))
 }
 
-const PROJ: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
-
-/// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight` -> (L, E, which).
-fn split_expert(name: &str) -> Option<(usize, usize, usize)> {
-    let rest = name.strip_prefix("model.layers.")?;
-    let (l, rest) = rest.split_once('.')?;
-    let rest = rest.strip_prefix("mlp.experts.")?;
-    let (e, rest) = rest.split_once('.')?;
-    let proj = rest.strip_suffix(".weight")?;
-    let which = PROJ.iter().position(|p| *p == proj)?;
-    Some((l.parse().ok()?, e.parse().ok()?, which))
-}
-
 /// `model.layers.L.mlp.experts.{gate_up_proj,down_proj}` -> (L, is_down).
 fn split_fused(name: &str) -> Option<(usize, bool)> {
     let rest = name.strip_prefix("model.layers.")?;
@@ -265,8 +278,12 @@ fn split_fused(name: &str) -> Option<(usize, bool)> {
 }
 
 /// Dense tensors that stay F32 whatever `--dense` says (docs/formats.md).
-fn keeps_f32(name: &str, shape: &[usize]) -> bool {
-    shape.len() != 2 || name.contains("norm") || name.ends_with(".bias") || name.ends_with("mlp.gate.weight")
+pub(crate) fn keeps_f32(name: &str, shape: &[usize]) -> bool {
+    shape.len() != 2
+        || name.contains("norm")
+        || name.ends_with(".bias")
+        || name.ends_with("mlp.gate.weight")
+        || name.ends_with("block_sparse_moe.gate.weight")
 }
 
 /// Builds the job list: dense tensors (sorted by name), then experts
@@ -316,7 +333,7 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
         }
         let scale_inv = fp8_scales(&by_name, meta)?;
         let elems: usize = meta.shape.iter().product();
-        if let Some((l, e, which)) = split_expert(name) {
+        if let Some((l, e, which)) = spec.naming.parse(name) {
             if !spec.expert_layers[l] || e >= n_exp {
                 return Err(bad(format!(
                     "no such routed expert (layer {l} {} routed experts, the model has {n_exp} per layer)",
@@ -399,8 +416,8 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
     }
     for l in (0..layers).filter(|&l| spec.expert_layers[l]) {
         for e in 0..n_exp {
-            for (which, proj) in PROJ.iter().enumerate() {
-                let name = format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight");
+            for (which, shape) in shapes.iter().enumerate() {
+                let name = spec.naming.tensor(l, e, which);
                 let source = expert_src
                     .remove(&(l, e, which))
                     .ok_or_else(|| ConvertError::Input {
@@ -416,7 +433,7 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                 jobs.push(Job {
                     name,
                     source,
-                    shape: shapes[which].to_vec(),
+                    shape: shape.to_vec(),
                     kind,
                     align: which == 0,
                     expert: true,
@@ -448,15 +465,17 @@ mod tests {
 
     #[test]
     fn recognises_expert_names() {
+        let mlp = ExpertNaming::Mlp;
         assert_eq!(
-            split_expert("model.layers.3.mlp.experts.17.down_proj.weight"),
+            mlp.parse("model.layers.3.mlp.experts.17.down_proj.weight"),
             Some((3, 17, 2))
         );
         assert_eq!(
-            split_expert("model.layers.3.mlp.experts.17.down_proj.weight.qs"),
+            mlp.parse("model.layers.3.mlp.experts.17.down_proj.weight.qs"),
             None
         );
-        assert_eq!(split_expert("model.layers.3.mlp.gate.weight"), None);
+        assert_eq!(mlp.parse("model.layers.3.mlp.gate.weight"), None);
+        assert!(keeps_f32("model.layers.0.block_sparse_moe.gate.weight", &[8, 32]));
         assert_eq!(
             split_fused("model.layers.0.mlp.experts.gate_up_proj"),
             Some((0, false))

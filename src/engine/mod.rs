@@ -22,12 +22,13 @@ use colibri_actors::{
     SimSpec, SourceStats, Tag,
 };
 
-use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
+use crate::config::{DecoderKind, ModelConfig};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
 use crate::model::glm::{self, Glm, GlmPredictor};
 use crate::model::lm::LanguageModel;
-use crate::model::olmoe::{self, LoadOptions, Olmoe, OlmoePredictor};
+use crate::model::moe_decoder::{self, MoeDecoder, RouterPredictor};
+use crate::model::olmoe::{self, LoadOptions, Olmoe};
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -234,12 +235,7 @@ pub type Built = (Arc<dyn ExpertSource<ExpertWeights>>, MemoryPlan, Arc<UsageTap
 type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan, Arc<UsageTap>);
 
 fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> {
-    let (path, json) = read_json(dir).map_err(ModelError::from)?;
-    let model_type = json
-        .get("model_type")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_string();
+    let config = ModelConfig::load(dir).map_err(ModelError::from)?;
     let load = LoadOptions {
         expert_format: QFormat::from_bits(opts.expert_bits)
             .map_err(|e| EngineError::Option(e.to_string()))?,
@@ -247,15 +243,17 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
         int8_acts: opts.int8_acts,
     };
     let factory = SourceFactory { opts };
-    match model_type.as_str() {
-        "olmoe" => {
-            let cfg = OlmoeConfig::from_json(&path, json).map_err(ModelError::from)?;
+    match config {
+        ModelConfig::Olmoe(cfg) => {
+            let cfg = *cfg;
             let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
             let dense = Arc::new(olmoe::load_dense(&cfg, &ck, load)?);
             let (map, codec) = olmoe::expert_map(&cfg, &ck, load)?;
             drop(ck);
-            let predictor: Arc<dyn Predictor> = Arc::new(OlmoePredictor {
-                cfg: cfg.clone(),
+            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor {
+                hidden: cfg.hidden_size,
+                rms_norm_eps: cfg.rms_norm_eps as f32,
+                num_experts: cfg.num_experts,
                 weights: dense.clone(),
             });
             let needs = MemoryNeeds {
@@ -271,8 +269,33 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let stops = stop_ids(dir, cfg.eos_ids());
             Ok((Box::new(Olmoe::new(cfg, dense, source)), stops, plan, tap))
         }
-        "glm_moe_dsa" | "deepseek_v3" => {
-            let cfg = GlmConfig::from_json(&path, json).map_err(ModelError::from)?;
+        ModelConfig::MoeDecoder(cfg) => {
+            let cfg = *cfg;
+            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+            let dense = Arc::new(moe_decoder::load_dense(&cfg, &ck, load)?);
+            let (map, codec) = moe_decoder::expert_map(&cfg, &ck, load)?;
+            drop(ck);
+            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor {
+                hidden: cfg.hidden_size,
+                rms_norm_eps: cfg.rms_norm_eps as f32,
+                num_experts: cfg.num_experts,
+                weights: dense.clone(),
+            });
+            let needs = MemoryNeeds {
+                dense_bytes: dense.resident_bytes() as u64,
+                kv_bytes: (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4) as u64
+                    * opts.max_ctx.map_or(cfg.max_position_embeddings, |c| {
+                        c.min(cfg.max_position_embeddings)
+                    }) as u64
+                    * opts.kv_slots.max(1) as u64,
+            };
+            let (source, plan) =
+                factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
+            let stops = stop_ids(dir, cfg.eos_ids());
+            Ok((Box::new(MoeDecoder::new(cfg, dense, source)), stops, plan))
+        }
+        ModelConfig::Glm(cfg) => {
+            let cfg = *cfg;
             let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
             let mtp = glm::mtp_available(&cfg, &ck);
             let with_mtp = mtp.is_ok();
@@ -303,11 +326,6 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
                 tap,
             ))
         }
-        other => Err(ModelError::from(ConfigError::ModelType {
-            path,
-            found: other.to_string(),
-        })
-        .into()),
     }
 }
 
@@ -431,11 +449,12 @@ pub fn stop_ids(dir: &Path, config_eos: Vec<u32>) -> Vec<u32> {
 /// The built-in chat template family for a model directory's `model_type`.
 pub fn template_family(dir: &Path) -> crate::chat_template::Family {
     use crate::chat_template::Family;
-    let model_type = crate::config::read_json(dir)
-        .ok()
-        .and_then(|(_, v)| v.get("model_type").and_then(|t| t.as_str()).map(str::to_string));
-    match model_type.as_deref() {
-        Some("glm_moe_dsa" | "deepseek_v3") => Family::Glm,
-        _ => Family::Olmoe,
+    match ModelConfig::load(dir) {
+        Ok(ModelConfig::Glm(_)) => Family::Glm,
+        Ok(ModelConfig::MoeDecoder(c)) => match c.kind {
+            DecoderKind::Qwen3Moe => Family::ChatMl,
+            DecoderKind::Mixtral => Family::Mistral,
+        },
+        Ok(ModelConfig::Olmoe(_)) | Err(_) => Family::Olmoe,
     }
 }

@@ -8,7 +8,7 @@ use colibri_actors::kv::{KvFile, KvLayout, KvLoad, KvRecords};
 
 use super::Verdict;
 use super::mutate::{Rng, byte_mutation, json_mutation, number_mutation};
-use crate::config::{GlmConfig, OlmoeConfig};
+use crate::config::{GlmConfig, ModelConfig, MoeDecoderConfig, OlmoeConfig};
 use crate::quant::{ByteStore, QFormat};
 use crate::serve::batch::codec::{self as batch, Decoder, Item};
 use crate::serve::{Frame, FrameLimits, FrameReader};
@@ -231,7 +231,21 @@ fn config_seeds() -> Vec<Vec<u8>> {
     dsv3["model_type"] = "deepseek_v3".into();
     dsv3["mlp_layer_types"] = serde_json::json!(["dense", "sparse", "sparse"]);
     dsv3["rope_interleave"] = false.into();
-    [olmoe, glm, dsv3]
+    let qwen = serde_json::json!({
+        "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 12, "num_experts": 8, "num_experts_per_tok": 2,
+        "norm_topk_prob": true, "mlp_only_layers": [1], "decoder_sparse_step": 1,
+        "rope_theta": 1e6, "eos_token_id": 2, "use_sliding_window": false, "sliding_window": null,
+        "tie_word_embeddings": false, "hidden_act": "silu"
+    });
+    let mixtral = serde_json::json!({
+        "model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 10,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8, "rope_theta": 1e6,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": true
+    });
+    [olmoe, glm, dsv3, qwen, mixtral]
         .iter()
         .map(|v| v.to_string().into_bytes())
         .collect()
@@ -242,16 +256,11 @@ fn config_check(input: &[u8]) -> Verdict {
         return Verdict::Refused;
     };
     let path = Path::new("config.json");
-    match v.get("model_type").and_then(|t| t.as_str()) {
-        Some("olmoe") => match OlmoeConfig::from_json(path, v) {
-            Ok(c) => olmoe_invariants(&c),
-            Err(_) => Verdict::Refused,
-        },
-        Some("glm_moe_dsa" | "deepseek_v3") => match GlmConfig::from_json(path, v) {
-            Ok(c) => glm_invariants(&c),
-            Err(_) => Verdict::Refused,
-        },
-        _ => Verdict::Refused,
+    match ModelConfig::from_json(path, v) {
+        Ok(ModelConfig::Olmoe(c)) => olmoe_invariants(&c),
+        Ok(ModelConfig::Glm(c)) => glm_invariants(&c),
+        Ok(ModelConfig::MoeDecoder(c)) => moe_decoder_invariants(&c),
+        Err(_) => Verdict::Refused,
     }
 }
 
@@ -275,6 +284,31 @@ fn olmoe_invariants(c: &OlmoeConfig) -> Verdict {
     }
     if c.num_experts_per_tok > c.num_experts {
         return Verdict::Broken("top-k above the expert count".into());
+    }
+    let _ = c.eos_ids();
+    Verdict::Accepted
+}
+
+/// What the Qwen3-MoE / Mixtral model code assumes of a validated config.
+fn moe_decoder_invariants(c: &MoeDecoderConfig) -> Verdict {
+    let hd = c.head_dim;
+    if hd == 0 || !hd.is_multiple_of(2) || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
+        return Verdict::Broken(format!(
+            "head layout {hd} / {} / {}",
+            c.num_attention_heads, c.num_key_value_heads
+        ));
+    }
+    if !((c.rms_norm_eps as f32) > 0.0 && c.rope_theta.is_finite() && c.rope_theta > 0.0) {
+        return Verdict::Broken("rms_norm_eps or rope_theta unusable in f32".into());
+    }
+    if c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts {
+        return Verdict::Broken("top-k outside 1..=experts".into());
+    }
+    if !c.any_sparse() {
+        return Verdict::Broken("no layer has routed experts".into());
+    }
+    if c.sliding_window == Some(0) {
+        return Verdict::Broken("an empty sliding window".into());
     }
     let _ = c.eos_ids();
     Verdict::Accepted

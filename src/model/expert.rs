@@ -195,22 +195,73 @@ impl ExpertDecoder<ExpertWeights> for ExpertCodec {
     }
 }
 
-/// Where one routed SwiGLU expert (`model.layers.L.mlp.experts.E.*`) lives
-/// in a checkpoint: its gate/up/down matrices, each followed by its `.qs`
-/// scales when quantized, as pieces in read order, and the matching layout.
-/// Shared by every family that stores experts under these names.
+/// How a family names its routed experts' matrices in a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertNaming {
+    /// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, router
+    /// `model.layers.L.mlp.gate.weight` (OLMoE, Qwen3-MoE, GLM, DeepSeek).
+    Mlp,
+    /// `model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight` (gate,
+    /// up, down), router `model.layers.L.block_sparse_moe.gate.weight` (Mixtral).
+    BlockSparse,
+}
+
+impl ExpertNaming {
+    /// Every scheme, for recognising expert tensors by name.
+    pub const ALL: [ExpertNaming; 2] = [ExpertNaming::Mlp, ExpertNaming::BlockSparse];
+
+    /// The projection names in gate, up, down order.
+    fn projections(self) -> [&'static str; 3] {
+        match self {
+            ExpertNaming::Mlp => ["gate_proj", "up_proj", "down_proj"],
+            ExpertNaming::BlockSparse => ["w1", "w3", "w2"],
+        }
+    }
+
+    fn block(self) -> &'static str {
+        match self {
+            ExpertNaming::Mlp => "mlp",
+            ExpertNaming::BlockSparse => "block_sparse_moe",
+        }
+    }
+
+    /// The tensor of `which` (0 gate, 1 up, 2 down) of expert `e` in layer `l`.
+    pub fn tensor(self, l: usize, e: usize, which: usize) -> String {
+        let proj = self.projections()[which.min(2)];
+        format!("model.layers.{l}.{}.experts.{e}.{proj}.weight", self.block())
+    }
+
+    /// The router weight of layer `l`.
+    pub fn router(self, l: usize) -> String {
+        format!("model.layers.{l}.{}.gate.weight", self.block())
+    }
+
+    /// `(layer, expert, which)` of an expert tensor named in this scheme.
+    pub fn parse(self, name: &str) -> Option<(usize, usize, usize)> {
+        let rest = name.strip_prefix("model.layers.")?;
+        let (l, rest) = rest.split_once('.')?;
+        let rest = rest.strip_prefix(self.block())?.strip_prefix(".experts.")?;
+        let (e, rest) = rest.split_once('.')?;
+        let proj = rest.strip_suffix(".weight")?;
+        let which = self.projections().iter().position(|p| *p == proj)?;
+        Some((l.parse().ok()?, e.parse().ok()?, which))
+    }
+}
+
+/// Where one routed SwiGLU expert lives in a checkpoint (names per
+/// `naming`): its gate/up/down matrices, each followed by its `.qs` scales
+/// when quantized, as pieces in read order, and the matching layout.
+/// Shared by every family.
 pub fn checkpoint_expert(
     ck: &Checkpoint,
     key: ExpertKey,
     hidden: usize,
     inter: usize,
+    naming: ExpertNaming,
 ) -> Result<(ExpertExtent, ExpertLayout), ModelError> {
     let mut pieces = Vec::with_capacity(6);
-    let mut slot = |proj: &str, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
-        let name = format!(
-            "model.layers.{}.mlp.experts.{}.{proj}.weight",
-            key.layer, key.expert
-        );
+    let mut slot = |which: usize, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
+        let name = naming.tensor(key.layer as usize, key.expert as usize, which);
         let meta = ck.info(&name)?;
         let data = (pieces.len(), meta.len as usize);
         pieces.push(ck.piece(&name)?);
@@ -232,9 +283,31 @@ pub fn checkpoint_expert(
         })
     };
     let layout = ExpertLayout {
-        gate: slot("gate_proj", inter, hidden)?,
-        up: slot("up_proj", inter, hidden)?,
-        down: slot("down_proj", hidden, inter)?,
+        gate: slot(0, inter, hidden)?,
+        up: slot(1, inter, hidden)?,
+        down: slot(2, hidden, inter)?,
     };
     Ok((ExpertExtent { pieces }, layout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_names_round_trip() {
+        for naming in ExpertNaming::ALL {
+            for which in 0..3 {
+                let name = naming.tensor(3, 17, which);
+                assert_eq!(naming.parse(&name), Some((3, 17, which)), "{name}");
+                let other = ExpertNaming::ALL.iter().find(|&&n| n != naming).copied();
+                assert_eq!(other.and_then(|o| o.parse(&name)), None, "{name}");
+            }
+        }
+        assert_eq!(
+            ExpertNaming::BlockSparse.parse("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+            Some((1, 2, 1))
+        );
+        assert_eq!(ExpertNaming::Mlp.parse("model.layers.1.mlp.gate.weight"), None);
+    }
 }

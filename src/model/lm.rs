@@ -183,3 +183,45 @@ pub fn fingerprint(parts: &[u64]) -> u64 {
     }
     h
 }
+
+/// The wanted logits of every sequence of a batched pass: the rows each
+/// sequence asks for (`seqs[i] = (new tokens, logits choice)`, rows back to
+/// back in `x` of `[Σ n_i, hidden]`) through the final norm and one
+/// `lm_head` product; returned per sequence, in order.
+pub fn output_logits(
+    x: &[f32],
+    hidden: usize,
+    seqs: &[(usize, Logits)],
+    final_norm: &[f32],
+    eps: f32,
+    lm_head: &crate::quant::QMatrix,
+) -> Vec<Vec<f32>> {
+    let vocab = lm_head.rows();
+    let mut rows = Vec::new();
+    let mut row0 = 0;
+    for &(n, want) in seqs {
+        rows.extend(logit_rows(want, n).map(|t| row0 + t));
+        row0 += n;
+    }
+    let mut xs = vec![0f32; rows.len() * hidden];
+    for (i, &t) in rows.iter().enumerate() {
+        crate::model::ops::rms_norm(
+            &x[t * hidden..(t + 1) * hidden],
+            final_norm,
+            eps,
+            &mut xs[i * hidden..(i + 1) * hidden],
+        );
+    }
+    let mut all = vec![0f32; rows.len() * vocab];
+    if !rows.is_empty() {
+        lm_head.matmul(&xs, rows.len(), &mut all);
+    }
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut at = 0;
+    for &(n, want) in seqs {
+        let k = logit_rows(want, n).len();
+        out.push(all[at * vocab..(at + k) * vocab].to_vec());
+        at += k;
+    }
+    out
+}

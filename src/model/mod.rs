@@ -1,9 +1,11 @@
 //! Model families and what they share (ops, KV cache, the expert type).
 
+pub mod attention;
 pub mod expert;
 pub mod glm;
 pub mod kv_cache;
 pub mod lm;
+pub mod moe_decoder;
 pub mod olmoe;
 pub mod ops;
 pub mod routed;

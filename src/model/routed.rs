@@ -6,12 +6,32 @@ use colibri_actors::{ExpertKey, ExpertSource, SourceError, Tag};
 use rayon::prelude::*;
 
 use crate::model::expert::ExpertWeights;
+use crate::model::ops::{softmax_inplace, top_k};
 
 /// The experts and weights chosen for one token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Routing {
     pub experts: Vec<usize>,
     pub weights: Vec<f32>,
+}
+
+impl Routing {
+    /// Softmax over all router logits, the `k` most probable experts, and
+    /// with `renorm` their probabilities divided by their sum (transformers'
+    /// OLMoE, Qwen3-MoE and Mixtral routers; Mixtral always renormalises).
+    pub fn softmax_top_k(router_logits: &[f32], k: usize, renorm: bool) -> Self {
+        let mut probs = router_logits.to_vec();
+        softmax_inplace(&mut probs);
+        let experts = top_k(&probs, k);
+        let mut weights: Vec<f32> = experts.iter().map(|&e| probs[e]).collect();
+        if renorm {
+            let sum: f32 = weights.iter().sum();
+            for w in &mut weights {
+                *w /= sum;
+            }
+        }
+        Self { experts, weights }
+    }
 }
 
 /// `Σ_k w_k · expert_k(xn_t)` for every token `t` of a batch (`xn` is

@@ -2,25 +2,18 @@
 //!
 //! `coli bench` sizes its prompt, its all-resident pass and its disk probe
 //! from the vocabulary, the expert count and the expert map; this reads them
-//! from an OLMoE or a GLM-5 / DeepSeek-V3 config.json, so the same bench
+//! from an OLMoE, Qwen3-MoE, Mixtral or GLM-5 / DeepSeek-V3 config.json, so the same bench
 //! runs on `coli synth`'s GLM-shaped containers.
 
 use std::path::Path;
 
 use colibri_actors::ExpertMap;
 
-use crate::config::{ConfigError, GlmConfig, OlmoeConfig, read_json};
+use crate::config::{ConfigError, ModelConfig, read_json};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
-
-/// The config a [`ModelShape`] was read from.
-#[derive(Clone, Debug)]
-enum Family {
-    Olmoe(Box<OlmoeConfig>),
-    Glm(Box<GlmConfig>),
-}
 
 /// Vocabulary, sizes and routing of a model, whatever its family (field
 /// names as OLMoE's config, which the bench used before it read GLM).
@@ -33,7 +26,7 @@ pub struct ModelShape {
     /// Routed experts per sparse layer.
     pub num_experts: usize,
     pub num_experts_per_tok: usize,
-    family: Family,
+    family: ModelConfig,
 }
 
 impl ModelShape {
@@ -46,31 +39,38 @@ impl ModelShape {
             .and_then(|v| v.as_str())
             .unwrap_or("")
             .to_string();
-        Ok(match model_type.as_str() {
-            "glm_moe_dsa" | "deepseek_v3" => {
-                let c = GlmConfig::from_json(&path, json)?;
-                Self {
-                    model_type,
-                    vocab_size: c.vocab_size,
-                    hidden_size: c.hidden_size,
-                    num_hidden_layers: c.num_hidden_layers,
-                    num_experts: c.n_routed_experts,
-                    num_experts_per_tok: c.num_experts_per_tok,
-                    family: Family::Glm(Box::new(c)),
-                }
-            }
-            _ => {
-                let c = OlmoeConfig::from_json(&path, json)?;
-                Self {
-                    model_type,
-                    vocab_size: c.vocab_size,
-                    hidden_size: c.hidden_size,
-                    num_hidden_layers: c.num_hidden_layers,
-                    num_experts: c.num_experts,
-                    num_experts_per_tok: c.num_experts_per_tok,
-                    family: Family::Olmoe(Box::new(c)),
-                }
-            }
+        let family = ModelConfig::from_json(&path, json)?;
+        let (vocab_size, hidden_size, num_hidden_layers, num_experts, num_experts_per_tok) = match &family {
+            ModelConfig::Olmoe(c) => (
+                c.vocab_size,
+                c.hidden_size,
+                c.num_hidden_layers,
+                c.num_experts,
+                c.num_experts_per_tok,
+            ),
+            ModelConfig::MoeDecoder(c) => (
+                c.vocab_size,
+                c.hidden_size,
+                c.num_hidden_layers,
+                c.num_experts,
+                c.num_experts_per_tok,
+            ),
+            ModelConfig::Glm(c) => (
+                c.vocab_size,
+                c.hidden_size,
+                c.num_hidden_layers,
+                c.n_routed_experts,
+                c.num_experts_per_tok,
+            ),
+        };
+        Ok(Self {
+            model_type,
+            vocab_size,
+            hidden_size,
+            num_hidden_layers,
+            num_experts,
+            num_experts_per_tok,
+            family,
         })
     }
 
@@ -82,8 +82,9 @@ impl ModelShape {
         opts: LoadOptions,
     ) -> Result<(ExpertMap, ExpertCodec), ModelError> {
         match &self.family {
-            Family::Olmoe(c) => crate::model::olmoe::expert_map(c, ck, opts),
-            Family::Glm(c) => crate::model::glm::expert_map(c, ck, opts, false),
+            ModelConfig::Olmoe(c) => crate::model::olmoe::expert_map(c, ck, opts),
+            ModelConfig::Glm(c) => crate::model::glm::expert_map(c, ck, opts, false),
+            ModelConfig::MoeDecoder(c) => crate::model::moe_decoder::expert_map(c, ck, opts),
         }
     }
 

@@ -10,7 +10,7 @@ use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp
 use crate::config::GlmConfig;
 use crate::config::glm::{IndexerKind, MlaFamily};
 use crate::model::ModelError;
-use crate::model::expert::{ExpertCodec, ExpertWeights, LayoutCollector, checkpoint_expert};
+use crate::model::expert::{ExpertCodec, ExpertNaming, ExpertWeights, LayoutCollector, checkpoint_expert};
 use crate::model::olmoe::LoadOptions;
 use crate::model::want::MatrixWant;
 use crate::quant::{QFormat, QMatrix};
@@ -258,7 +258,7 @@ pub fn expert_map(
         }
         for e in 0..cfg.n_routed_experts {
             let key = ExpertKey::new(l as u32, e as u32);
-            let (extent, layout) = checkpoint_expert(ck, key, h, inter)?;
+            let (extent, layout) = checkpoint_expert(ck, key, h, inter, ExpertNaming::Mlp)?;
             layouts.add(key, layout).map_err(ModelError::Weights)?;
             map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;

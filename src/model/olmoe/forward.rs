@@ -1,21 +1,21 @@
-//! The OLMoE forward pass: prefill of many tokens in one batched pass, or one
-//! decode step, with routed experts fetched through an [`ExpertSource`].
+//! The OLMoE model: prefill of many tokens in one batched pass, or one
+//! decode step, through the shared Llama-style MoE pass with OLMoE's
+//! attention options (full-width q/k norm, `clip_qkv`).
 
 use std::sync::Arc;
 
 use colibri_actors::{ExpertSource, Tag};
 
-use super::attention::attend;
-use super::moe::{Routing, moe_block};
-use super::weights::DenseWeights;
 use crate::config::OlmoeConfig;
+use crate::model::attention::{AttnSpec, QkNorm};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;
 use crate::model::lm::{
-    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
-    logit_rows,
+    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, downcast_batch, fingerprint,
 };
-use crate::model::ops::{Rope, rms_norm};
+use crate::model::moe_decoder::{DenseWeights, Pass, run_pass};
+use crate::model::ops::Rope;
+use crate::model::routed::Routing;
 
 /// An OLMoE model ready to run: resident weights plus a source of experts.
 pub struct Olmoe {
@@ -23,6 +23,7 @@ pub struct Olmoe {
     pub weights: Arc<DenseWeights>,
     pub source: Arc<dyn ExpertSource<ExpertWeights>>,
     rope: Rope,
+    attn: AttnSpec,
     /// Routing decisions of the last forward (per layer, per token), kept
     /// for statistics and tests.
     pub last_routing: Vec<Vec<Routing>>,
@@ -35,11 +36,22 @@ impl Olmoe {
         source: Arc<dyn ExpertSource<ExpertWeights>>,
     ) -> Self {
         let rope = Rope::new(cfg.head_dim(), cfg.rope_theta());
+        let attn = AttnSpec {
+            hidden: cfg.hidden_size,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            eps: cfg.rms_norm_eps as f32,
+            qk_norm: QkNorm::Full,
+            clip: cfg.clip_qkv.map(|c| c as f32),
+            window: None,
+        };
         Self {
             cfg,
             weights,
             source,
             rope,
+            attn,
             last_routing: Vec::new(),
         }
     }
@@ -74,102 +86,18 @@ impl Olmoe {
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let cfg = &self.cfg;
-        let w = &self.weights;
-        let hidden = cfg.hidden_size;
-        let eps = cfg.rms_norm_eps as f32;
-        for (tokens, kv, _) in seqs.iter() {
-            check_tokens(tokens, kv.len(), cfg.vocab_size, cfg.max_position_embeddings)?;
-        }
-        let n: usize = seqs.iter().map(|(t, _, _)| t.len()).sum();
-        if n == 0 {
-            return Ok(vec![Vec::new(); seqs.len()]);
-        }
-        let mut x = vec![0f32; n * hidden];
-        for (t, &id) in seqs.iter().flat_map(|(t, _, _)| t.iter()).enumerate() {
-            w.embed
-                .dequantize_row(id as usize, &mut x[t * hidden..(t + 1) * hidden]);
-        }
-        let mut parts: Vec<(usize, &mut KvCache)> =
-            seqs.iter_mut().map(|(t, kv, _)| (t.len(), &mut **kv)).collect();
-        self.source.advance(tag.at_layer(0));
-        let mut routing = Vec::with_capacity(cfg.num_hidden_layers);
-        let mut xn = vec![0f32; n * hidden];
-        for (l, lw) in w.layers.iter().enumerate() {
-            let _span = tracing::trace_span!("layer", l).entered();
-            for t in 0..n {
-                rms_norm(
-                    &x[t * hidden..(t + 1) * hidden],
-                    &lw.input_norm,
-                    eps,
-                    &mut xn[t * hidden..(t + 1) * hidden],
-                );
-            }
-            let attn = {
-                let _s = tracing::trace_span!("attention", layer = l).entered();
-                attend(cfg, lw, &self.rope, l, &xn, &mut parts)
-            };
-            for (a, b) in x.iter_mut().zip(&attn) {
-                *a += b;
-            }
-            // Offer the residual of the last token to the pilot of layer l+1.
-            if l + 1 < cfg.num_hidden_layers {
-                self.source
-                    .pilot(tag.at_layer(l as u32 + 1), &x[(n - 1) * hidden..n * hidden]);
-            }
-            for t in 0..n {
-                rms_norm(
-                    &x[t * hidden..(t + 1) * hidden],
-                    &lw.post_norm,
-                    eps,
-                    &mut xn[t * hidden..(t + 1) * hidden],
-                );
-            }
-            let routes = moe_block(
-                cfg,
-                lw,
-                self.source.as_ref(),
-                tag.at_layer(l as u32),
-                &xn,
-                n,
-                &mut x,
-            )?;
-            routing.push(routes);
-        }
-        for (m, kv) in parts.iter_mut() {
-            kv.commit(*m);
-        }
+        let pass = Pass {
+            vocab: cfg.vocab_size,
+            max_positions: cfg.max_position_embeddings,
+            num_experts: cfg.num_experts,
+            top_k: cfg.num_experts_per_tok,
+            renorm: cfg.norm_topk_prob,
+            attn: &self.attn,
+            rope: &self.rope,
+        };
+        let (logits, routing) = run_pass(&pass, &self.weights, self.source.as_ref(), seqs, tag)?;
         self.last_routing = routing;
-
-        let _s = tracing::trace_span!("lm_head").entered();
-        // The wanted rows of every sequence, normalised, through one matmul.
-        let mut rows = Vec::new();
-        let mut row0 = 0;
-        for (tokens, _, want) in seqs.iter() {
-            rows.extend(logit_rows(*want, tokens.len()).map(|t| row0 + t));
-            row0 += tokens.len();
-        }
-        let vocab = cfg.vocab_size;
-        let mut xs = vec![0f32; rows.len() * hidden];
-        for (i, &t) in rows.iter().enumerate() {
-            rms_norm(
-                &x[t * hidden..(t + 1) * hidden],
-                &w.final_norm,
-                eps,
-                &mut xs[i * hidden..(i + 1) * hidden],
-            );
-        }
-        let mut all = vec![0f32; rows.len() * vocab];
-        if !rows.is_empty() {
-            w.lm_head.matmul(&xs, rows.len(), &mut all);
-        }
-        let mut out = Vec::with_capacity(seqs.len());
-        let mut at = 0;
-        for (tokens, _, want) in seqs.iter() {
-            let k = logit_rows(*want, tokens.len()).len();
-            out.push(all[at * vocab..(at + k) * vocab].to_vec());
-            at += k;
-        }
-        Ok(out)
+        Ok(logits)
     }
 }
 

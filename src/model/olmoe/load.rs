@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
-use super::weights::{DenseWeights, LayerWeights};
 use crate::config::OlmoeConfig;
 use crate::model::ModelError;
-use crate::model::expert::{ExpertCodec, LayoutCollector, checkpoint_expert};
+use crate::model::attention::AttnWeights;
+use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert};
+use crate::model::moe_decoder::{DenseWeights, Ffn, LayerWeights};
 use crate::model::want::MatrixWant;
 use crate::quant::{QFormat, QMatrix};
 use crate::st::Checkpoint;
@@ -64,19 +65,23 @@ pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Resu
         let n = |rest: &str| layer_name(l, rest);
         layers.push(LayerWeights {
             input_norm: vec(&n("input_layernorm.weight"), h)?,
-            q: mat(&n("self_attn.q_proj.weight"), q_dim, h, dense)?,
-            k: mat(&n("self_attn.k_proj.weight"), kv_dim, h, dense)?,
-            v: mat(&n("self_attn.v_proj.weight"), kv_dim, h, dense)?,
-            o: mat(&n("self_attn.o_proj.weight"), h, q_dim, dense)?,
-            q_norm: vec(&n("self_attn.q_norm.weight"), q_dim)?,
-            k_norm: vec(&n("self_attn.k_norm.weight"), kv_dim)?,
+            attn: AttnWeights {
+                q: mat(&n("self_attn.q_proj.weight"), q_dim, h, dense)?,
+                k: mat(&n("self_attn.k_proj.weight"), kv_dim, h, dense)?,
+                v: mat(&n("self_attn.v_proj.weight"), kv_dim, h, dense)?,
+                o: mat(&n("self_attn.o_proj.weight"), h, q_dim, dense)?,
+                q_norm: vec(&n("self_attn.q_norm.weight"), q_dim)?,
+                k_norm: vec(&n("self_attn.k_norm.weight"), kv_dim)?,
+            },
             post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
-            router: QMatrix::from_f32(
-                cfg.num_experts,
-                h,
-                ck.f32_tensor(&n("mlp.gate.weight"), &[cfg.num_experts, h])?,
-            )
-            .map_err(|e| ModelError::Weights(format!("{}: {e}", n("mlp.gate.weight"))))?,
+            ffn: Ffn::Moe {
+                router: QMatrix::from_f32(
+                    cfg.num_experts,
+                    h,
+                    ck.f32_tensor(&n("mlp.gate.weight"), &[cfg.num_experts, h])?,
+                )
+                .map_err(|e| ModelError::Weights(format!("{}: {e}", n("mlp.gate.weight"))))?,
+            },
         });
     }
     let final_norm = vec("model.norm.weight", h)?;
@@ -110,7 +115,7 @@ pub fn expert_map(
     for l in 0..cfg.num_hidden_layers {
         for e in 0..cfg.num_experts {
             let key = ExpertKey::new(l as u32, e as u32);
-            let (extent, layout) = checkpoint_expert(ck, key, h, inter)?;
+            let (extent, layout) = checkpoint_expert(ck, key, h, inter, ExpertNaming::Mlp)?;
             layouts.add(key, layout).map_err(ModelError::Weights)?;
             map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;

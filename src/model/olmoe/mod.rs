@@ -1,15 +1,13 @@
 //! OLMoE (allenai/OLMoE-1B-7B family): pre-norm decoder layers with q/k
-//! RMSNorm, rotate-half RoPE, and a softmax-routed top-k MoE of SwiGLU experts.
+//! RMSNorm over the whole projection, optional `clip_qkv`, rotate-half RoPE,
+//! and a softmax-routed top-k MoE of SwiGLU experts. The layers and the pass
+//! are the Llama-style MoE decoder's ([`crate::model::moe_decoder`]); this
+//! family holds OLMoE's config, weight names and state fingerprint.
 
-mod attention;
 mod forward;
 mod load;
-mod moe;
-mod predictor;
-mod weights;
 
 pub use crate::model::lm::{ForwardError, Logits};
+pub use crate::model::moe_decoder::{DenseWeights, LayerWeights, RouterPredictor};
 pub use forward::Olmoe;
 pub use load::{LoadOptions, expert_map, load_dense};
-pub use predictor::OlmoePredictor;
-pub use weights::{DenseWeights, LayerWeights};

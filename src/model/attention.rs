@@ -1,4 +1,8 @@
-//! Causal multi-head attention with grouped KV heads over the KV cache.
+//! Causal multi-head attention with grouped KV heads over the plain KV
+//! cache, shared by the families with Llama-style attention (OLMoE,
+//! Qwen3-MoE, Mixtral): optional q/k RMSNorm (over the whole projection or
+//! per head), optional q/k/v clipping, rotate-half RoPE, and an optional
+//! sliding window.
 //!
 //! One call serves a batch of sequences: the projections run once over every
 //! new row of every sequence (each weight row is read once per step), while
@@ -6,10 +10,59 @@
 
 use rayon::prelude::*;
 
-use super::weights::LayerWeights;
-use crate::config::OlmoeConfig;
 use crate::model::kv_cache::KvCache;
 use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace};
+use crate::quant::QMatrix;
+
+/// Where q/k RMSNorm applies, if anywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// No q/k norm (Mixtral, Llama).
+    None,
+    /// One norm over the whole q (`heads * head_dim`) and k
+    /// (`kv_heads * head_dim`) projection (OLMoE).
+    Full,
+    /// One norm of size `head_dim`, applied to each head separately (Qwen3).
+    PerHead,
+}
+
+/// The shape and options of one attention block.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnSpec {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    pub qk_norm: QkNorm,
+    /// q, k and v are clamped to `[-c, c]` after the norms (OLMoE `clip_qkv`).
+    pub clip: Option<f32>,
+    /// A query at position `i` sees keys `j` with `i - window < j <= i`
+    /// (transformers' sliding-window mask); `None`: every earlier key.
+    pub window: Option<usize>,
+}
+
+/// The projections of one attention block; the norms are empty with
+/// [`QkNorm::None`].
+#[derive(Debug)]
+pub struct AttnWeights {
+    pub q: QMatrix,
+    pub k: QMatrix,
+    pub v: QMatrix,
+    pub o: QMatrix,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+}
+
+impl AttnWeights {
+    pub fn resident_bytes(&self) -> usize {
+        [&self.q, &self.k, &self.v, &self.o]
+            .iter()
+            .map(|m| m.resident_bytes())
+            .sum::<usize>()
+            + (self.q_norm.len() + self.k_norm.len()) * 4
+    }
+}
 
 /// Runs attention for the new rows of several sequences. `xn` holds the
 /// normalised inputs of every sequence's new tokens back to back
@@ -18,20 +71,23 @@ use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace};
 /// `layer` of each cache (committed by the caller after the last layer).
 /// Returns the o_proj output `[Σ n_i, hidden]`.
 pub fn attend(
-    cfg: &OlmoeConfig,
-    w: &LayerWeights,
+    spec: &AttnSpec,
+    w: &AttnWeights,
     rope: &Rope,
     layer: usize,
     xn: &[f32],
     seqs: &mut [(usize, &mut KvCache)],
 ) -> Vec<f32> {
-    let hidden = cfg.hidden_size;
-    let heads = cfg.num_attention_heads;
-    let kv_heads = cfg.kv_heads();
-    let hd = cfg.head_dim();
+    let AttnSpec {
+        hidden,
+        heads,
+        kv_heads,
+        head_dim: hd,
+        eps,
+        ..
+    } = *spec;
     let q_dim = heads * hd;
     let kv_dim = kv_heads * hd;
-    let eps = cfg.rms_norm_eps as f32;
     let n: usize = seqs.iter().map(|(m, _)| *m).sum();
 
     let mut q = vec![0f32; n * q_dim];
@@ -40,12 +96,24 @@ pub fn attend(
     w.q.matmul(xn, n, &mut q);
     w.k.matmul(xn, n, &mut k);
     w.v.matmul(xn, n, &mut v);
-    for t in 0..n {
-        rms_norm_inplace(&mut q[t * q_dim..(t + 1) * q_dim], &w.q_norm, eps);
-        rms_norm_inplace(&mut k[t * kv_dim..(t + 1) * kv_dim], &w.k_norm, eps);
+    match spec.qk_norm {
+        QkNorm::None => {}
+        QkNorm::Full => {
+            for t in 0..n {
+                rms_norm_inplace(&mut q[t * q_dim..(t + 1) * q_dim], &w.q_norm, eps);
+                rms_norm_inplace(&mut k[t * kv_dim..(t + 1) * kv_dim], &w.k_norm, eps);
+            }
+        }
+        QkNorm::PerHead => {
+            for head in q.chunks_exact_mut(hd) {
+                rms_norm_inplace(head, &w.q_norm, eps);
+            }
+            for head in k.chunks_exact_mut(hd) {
+                rms_norm_inplace(head, &w.k_norm, eps);
+            }
+        }
     }
-    if let Some(clip) = cfg.clip_qkv {
-        let c = clip as f32;
+    if let Some(c) = spec.clip {
         for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
             *x = x.clamp(-c, c);
         }
@@ -76,6 +144,7 @@ pub fn attend(
 
     let group = heads / kv_heads;
     let scale = (hd as f32).powf(-0.5);
+    let window = spec.window;
     let mut ctx = vec![0f32; n * q_dim];
     ctx.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
         let (t, h) = (i / heads, i % heads);
@@ -83,8 +152,8 @@ pub fn attend(
         let (keys, vals) = caches[s];
         let kvh = h / group;
         let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-        let visible = pos + 1;
-        let mut scores: Vec<f32> = (0..visible)
+        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let mut scores: Vec<f32> = (first..=pos)
             .map(|p| {
                 let kr = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
                 dot(qv, kr) * scale
@@ -92,7 +161,8 @@ pub fn attend(
             .collect();
         softmax_inplace(&mut scores);
         out.fill(0.0);
-        for (p, &s) in scores.iter().enumerate() {
+        for (j, &s) in scores.iter().enumerate() {
+            let p = first + j;
             let vr = &vals[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
             for (o, &x) in out.iter_mut().zip(vr) {
                 *o += s * x;

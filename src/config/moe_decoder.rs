@@ -1,0 +1,520 @@
+//! Qwen3-MoE (`model_type: "qwen3_moe"`) and Mixtral (`"mixtral"`)
+//! hyper-parameters, read into one validated description: both are
+//! Llama-style decoders (GQA, rotate-half RoPE, SwiGLU experts behind a
+//! softmax top-k router) that differ only in the options named here.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
+
+/// Which of the two families a [`MoeDecoderConfig`] came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecoderKind {
+    /// Per-head q/k RMSNorm, optional dense MLP layers, `norm_topk_prob`,
+    /// experts under `mlp.experts.E.{gate,up,down}_proj`.
+    Qwen3Moe,
+    /// No q/k norm, top-k always renormalised, optional sliding window,
+    /// experts under `block_sparse_moe.experts.E.{w1,w3,w2}`.
+    Mixtral,
+}
+
+/// The fields of a Qwen3-MoE or Mixtral `config.json` the engine uses, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeDecoderConfig {
+    pub model_type: String,
+    pub kind: DecoderKind,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f64,
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    /// Rows of a routed expert's gate/up projection.
+    pub moe_intermediate_size: usize,
+    /// Rows of a dense MLP layer's gate/up projection (Qwen3 `mlp_only_layers`).
+    pub intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    /// Qwen3: layer `l` is sparse unless listed here, and only when
+    /// `(l + 1) % decoder_sparse_step == 0`.
+    pub decoder_sparse_step: usize,
+    pub mlp_only_layers: Vec<usize>,
+    pub sliding_window: Option<usize>,
+    pub tie_word_embeddings: bool,
+    pub eos_token_id: Option<serde_json::Value>,
+}
+
+/// `config.json` of a Qwen3-MoE checkpoint as written by transformers.
+#[derive(Deserialize)]
+struct Qwen3MoeJson {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    moe_intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    #[serde(default = "default_max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    num_experts: usize,
+    num_experts_per_tok: usize,
+    #[serde(default)]
+    norm_topk_prob: bool,
+    #[serde(default = "one")]
+    decoder_sparse_step: usize,
+    #[serde(default)]
+    mlp_only_layers: Option<Vec<usize>>,
+    #[serde(default)]
+    use_sliding_window: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    eos_token_id: Option<serde_json::Value>,
+}
+
+/// `config.json` of a Mixtral checkpoint as written by transformers.
+#[derive(Deserialize)]
+struct MixtralJson {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    #[serde(default = "default_max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    num_local_experts: usize,
+    num_experts_per_tok: usize,
+    #[serde(default)]
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    eos_token_id: Option<serde_json::Value>,
+}
+
+/// The integer fields of either family, checked to be non-negative
+/// integers before parsing so an error names the field.
+const COUNT_FIELDS: [&str; 14] = [
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "decoder_sparse_step",
+    "sliding_window",
+];
+
+fn default_max_pos() -> usize {
+    4096
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+fn one() -> usize {
+    1
+}
+
+impl MoeDecoderConfig {
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let (path, value) = read_json(dir)?;
+        Self::from_json(&path, value)
+    }
+
+    pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let found = value
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
+        let json = |source| ConfigError::Json {
+            path: path.to_path_buf(),
+            source,
+        };
+        let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            reason,
+        };
+        // serde's own message for `-4` or `1.5` would not name the field.
+        for field in COUNT_FIELDS {
+            if let Some(v) = value.get(field)
+                && !(v.is_u64() || v.is_null())
+            {
+                return Err(bad(field, format!("must be a non-negative integer, got {v}")));
+            }
+        }
+        let cfg = match found.as_str() {
+            "qwen3_moe" => {
+                let j: Qwen3MoeJson = serde_json::from_value(value).map_err(json)?;
+                if j.use_sliding_window {
+                    return Err(bad(
+                        "use_sliding_window",
+                        "is true: sliding-window attention is not supported for qwen3_moe".into(),
+                    ));
+                }
+                if j.attention_bias {
+                    return Err(bad(
+                        "attention_bias",
+                        "is true: attention biases are not supported for qwen3_moe".into(),
+                    ));
+                }
+                check_act(path, j.hidden_act.as_deref())?;
+                check_rope(path, j.rope_parameters.as_ref(), j.rope_scaling.as_ref())?;
+                let heads = j.num_attention_heads;
+                Self {
+                    model_type: found,
+                    kind: DecoderKind::Qwen3Moe,
+                    vocab_size: j.vocab_size,
+                    hidden_size: j.hidden_size,
+                    num_hidden_layers: j.num_hidden_layers,
+                    num_attention_heads: heads,
+                    num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
+                    head_dim: j.head_dim.unwrap_or(j.hidden_size / heads.max(1)),
+                    max_position_embeddings: j.max_position_embeddings,
+                    rope_theta: super::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
+                    rms_norm_eps: j.rms_norm_eps,
+                    num_experts: j.num_experts,
+                    num_experts_per_tok: j.num_experts_per_tok,
+                    moe_intermediate_size: j.moe_intermediate_size,
+                    intermediate_size: j.intermediate_size,
+                    norm_topk_prob: j.norm_topk_prob,
+                    decoder_sparse_step: j.decoder_sparse_step,
+                    mlp_only_layers: j.mlp_only_layers.unwrap_or_default(),
+                    sliding_window: None,
+                    tie_word_embeddings: j.tie_word_embeddings,
+                    eos_token_id: j.eos_token_id,
+                }
+            }
+            "mixtral" => {
+                let j: MixtralJson = serde_json::from_value(value).map_err(json)?;
+                check_act(path, j.hidden_act.as_deref())?;
+                check_rope(path, j.rope_parameters.as_ref(), j.rope_scaling.as_ref())?;
+                let heads = j.num_attention_heads;
+                Self {
+                    model_type: found,
+                    kind: DecoderKind::Mixtral,
+                    vocab_size: j.vocab_size,
+                    hidden_size: j.hidden_size,
+                    num_hidden_layers: j.num_hidden_layers,
+                    num_attention_heads: heads,
+                    num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
+                    head_dim: j.head_dim.unwrap_or(j.hidden_size / heads.max(1)),
+                    max_position_embeddings: j.max_position_embeddings,
+                    // transformers' MixtralConfig default.
+                    rope_theta: j
+                        .rope_theta
+                        .or_else(|| j.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
+                        .unwrap_or(1e6),
+                    rms_norm_eps: j.rms_norm_eps,
+                    num_experts: j.num_local_experts,
+                    num_experts_per_tok: j.num_experts_per_tok,
+                    moe_intermediate_size: j.intermediate_size,
+                    intermediate_size: j.intermediate_size,
+                    norm_topk_prob: true,
+                    decoder_sparse_step: 1,
+                    mlp_only_layers: Vec::new(),
+                    sliding_window: j.sliding_window,
+                    tie_word_embeddings: j.tie_word_embeddings,
+                    eos_token_id: j.eos_token_id,
+                }
+            }
+            _ => {
+                return Err(ConfigError::ModelType {
+                    path: path.to_path_buf(),
+                    found,
+                });
+            }
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| {
+            Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason,
+            })
+        };
+        let experts_field = match self.kind {
+            DecoderKind::Qwen3Moe => "num_experts",
+            DecoderKind::Mixtral => "num_local_experts",
+        };
+        let moe_inter_field = match self.kind {
+            DecoderKind::Qwen3Moe => "moe_intermediate_size",
+            DecoderKind::Mixtral => "intermediate_size",
+        };
+        for (field, v) in [
+            ("max_position_embeddings", self.max_position_embeddings),
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            (moe_inter_field, self.moe_intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            (experts_field, self.num_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok),
+            ("decoder_sparse_step", self.decoder_sparse_step),
+        ] {
+            if v == 0 || v > COUNT_LIMIT {
+                return bad(field, format!("must be in 1..={COUNT_LIMIT}, got {v}"));
+            }
+        }
+        let kv = self.num_key_value_heads;
+        if !self.num_attention_heads.is_multiple_of(kv) {
+            return bad(
+                "num_key_value_heads",
+                format!(
+                    "{kv} must divide num_attention_heads {}",
+                    self.num_attention_heads
+                ),
+            );
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad("head_dim", format!("must be even, got {}", self.head_dim));
+        }
+        if self.num_experts_per_tok > self.num_experts {
+            return bad(
+                "num_experts_per_tok",
+                format!(
+                    "{} exceeds {experts_field} {}",
+                    self.num_experts_per_tok, self.num_experts
+                ),
+            );
+        }
+        if let Some(&l) = self
+            .mlp_only_layers
+            .iter()
+            .find(|&&l| l >= self.num_hidden_layers)
+        {
+            return bad(
+                "mlp_only_layers",
+                format!("names layer {l}, beyond the {} layers", self.num_hidden_layers),
+            );
+        }
+        if !self.any_sparse() {
+            return bad(
+                "mlp_only_layers",
+                "with decoder_sparse_step leaves no layer with routed experts".into(),
+            );
+        }
+        if let Some(w) = self.sliding_window
+            && (w == 0 || w > COUNT_LIMIT)
+        {
+            return bad("sliding_window", format!("must be in 1..={COUNT_LIMIT}, got {w}"));
+        }
+        check_floats(path, self.rms_norm_eps, self.rope_theta)?;
+        let (h, hd) = (self.hidden_size, self.head_dim);
+        check_products(
+            path,
+            &[
+                ("vocab_size", &[self.vocab_size, h]),
+                ("intermediate_size", &[self.intermediate_size, h]),
+                ("num_attention_heads", &[self.num_attention_heads, hd, h]),
+                ("num_key_value_heads", &[kv, hd, h]),
+                (experts_field, &[self.num_experts, self.moe_intermediate_size, h]),
+                (
+                    "max_position_embeddings",
+                    &[self.max_position_embeddings, self.num_hidden_layers, kv, hd],
+                ),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Whether layer `l` has routed experts (else a dense MLP of
+    /// `intermediate_size`), as transformers' Qwen3MoeDecoderLayer decides.
+    pub fn is_sparse(&self, l: usize) -> bool {
+        !self.mlp_only_layers.contains(&l) && (l + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+    }
+
+    /// [`Self::is_sparse`] of every layer.
+    pub fn sparse_layers(&self) -> Vec<bool> {
+        let dense: std::collections::HashSet<usize> = self.mlp_only_layers.iter().copied().collect();
+        let step = self.decoder_sparse_step.max(1);
+        (0..self.num_hidden_layers)
+            .map(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step))
+            .collect()
+    }
+
+    /// Whether some layer has routed experts, without walking every layer
+    /// (a hostile config may declare millions).
+    pub fn any_sparse(&self) -> bool {
+        let step = self.decoder_sparse_step.max(1);
+        let candidates = self.num_hidden_layers / step;
+        if candidates > self.mlp_only_layers.len() {
+            return true;
+        }
+        let dense: std::collections::HashSet<usize> = self.mlp_only_layers.iter().copied().collect();
+        (1..=candidates).any(|k| !dense.contains(&(k * step - 1)))
+    }
+
+    /// Token ids that end generation, from `eos_token_id` (a number or a list).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        super::token_ids(self.eos_token_id.as_ref())
+    }
+}
+
+/// Only SiLU-gated experts are implemented.
+fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigError> {
+    match act {
+        None | Some("silu") => Ok(()),
+        Some(other) => Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: "hidden_act",
+            reason: format!("{other:?} is not supported (only \"silu\")"),
+        }),
+    }
+}
+
+/// Only plain RoPE is implemented: a scaling type is refused by name.
+fn check_rope(
+    path: &Path,
+    params: Option<&serde_json::Value>,
+    scaling: Option<&serde_json::Value>,
+) -> Result<(), ConfigError> {
+    match super::rope_kind(params, scaling) {
+        Some(kind) if kind != "default" => Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: "rope_scaling",
+            reason: format!("rope type {kind:?} is not supported (only plain RoPE)"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 12, "num_experts": 8, "num_experts_per_tok": 2,
+            "norm_topk_prob": true, "mlp_only_layers": [1], "rope_theta": 10000.0,
+            "eos_token_id": 1, "sliding_window": null, "use_sliding_window": false
+        })
+    }
+
+    fn mixtral() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8
+        })
+    }
+
+    #[test]
+    fn parses_both_families() {
+        let c = MoeDecoderConfig::from_json(Path::new("c.json"), qwen()).unwrap();
+        assert_eq!(
+            (c.kind, c.head_dim, c.num_key_value_heads),
+            (DecoderKind::Qwen3Moe, 12, 2)
+        );
+        assert_eq!(c.sparse_layers(), vec![true, false, true]);
+        let c = MoeDecoderConfig::from_json(Path::new("c.json"), mixtral()).unwrap();
+        assert_eq!(
+            (c.kind, c.head_dim, c.sliding_window),
+            (DecoderKind::Mixtral, 8, Some(8))
+        );
+        assert!(c.norm_topk_prob);
+        assert_eq!(c.rope_theta, 1e6);
+        let mut v = qwen();
+        v["mlp_only_layers"] = serde_json::json!([]);
+        v["decoder_sparse_step"] = 2.into();
+        let c = MoeDecoderConfig::from_json(Path::new("c.json"), v).unwrap();
+        assert_eq!(c.sparse_layers(), vec![false, true, false]);
+    }
+
+    #[test]
+    fn refuses_what_is_not_implemented_by_name() {
+        for (base, field, val) in [
+            (qwen(), "use_sliding_window", serde_json::json!(true)),
+            (qwen(), "attention_bias", serde_json::json!(true)),
+            (
+                qwen(),
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+            ),
+            (
+                mixtral(),
+                "rope_scaling",
+                serde_json::json!({"type": "linear", "factor": 2.0}),
+            ),
+            (mixtral(), "hidden_act", serde_json::json!("gelu")),
+            (qwen(), "decoder_sparse_step", serde_json::json!(0)),
+            (qwen(), "mlp_only_layers", serde_json::json!([0, 1, 2])),
+            (qwen(), "mlp_only_layers", serde_json::json!([7])),
+            (qwen(), "head_dim", serde_json::json!(7)),
+            (qwen(), "num_key_value_heads", serde_json::json!(3)),
+            (qwen(), "num_experts_per_tok", serde_json::json!(9)),
+            (mixtral(), "num_local_experts", serde_json::json!(0)),
+            (mixtral(), "sliding_window", serde_json::json!(0)),
+            (qwen(), "rms_norm_eps", serde_json::json!(-1.0)),
+            (qwen(), "vocab_size", serde_json::json!(1u64 << 30)),
+            (mixtral(), "rope_theta", serde_json::json!(0.0)),
+        ] {
+            let mut v = base;
+            v[field] = val.clone();
+            let e = MoeDecoderConfig::from_json(Path::new("c.json"), v).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}={val}: {e}");
+        }
+        for field in ["vocab_size", "num_experts", "moe_intermediate_size"] {
+            let mut v = qwen();
+            v[field] = serde_json::json!(-3);
+            assert!(MoeDecoderConfig::from_json(Path::new("c.json"), v).is_err());
+            let mut v = qwen();
+            v.as_object_mut().map(|o| o.remove(field));
+            let e = MoeDecoderConfig::from_json(Path::new("c.json"), v).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! The pilot's view of a Llama-style MoE decoder (Qwen3-MoE, Mixtral,
+//! OLMoE): predict a sparse layer's experts from the residual after the
+//! previous layer's attention, with that layer's real norm and router.
+
+use std::sync::Arc;
+
+use super::weights::{DenseWeights, Ffn};
+use crate::model::ops::rms_norm;
+use crate::model::routed::Routing;
+
+pub struct RouterPredictor {
+    pub hidden: usize,
+    pub rms_norm_eps: f32,
+    pub num_experts: usize,
+    pub weights: Arc<DenseWeights>,
+}
+
+impl RouterPredictor {
+    /// The `k` most likely experts of `layer` for `residual` (best first);
+    /// empty for dense layers.
+    pub fn predict(&self, layer: usize, residual: &[f32], k: usize) -> Vec<u32> {
+        let Some(w) = self.weights.layers.get(layer) else {
+            return Vec::new();
+        };
+        let Ffn::Moe { router } = &w.ffn else {
+            return Vec::new();
+        };
+        if residual.len() != self.hidden {
+            return Vec::new();
+        }
+        let mut xn = vec![0f32; residual.len()];
+        rms_norm(residual, &w.post_norm, self.rms_norm_eps, &mut xn);
+        let mut logits = vec![0f32; self.num_experts];
+        router.matvec(&xn, &mut logits);
+        // Renormalising does not change the order.
+        Routing::softmax_top_k(&logits, k.min(self.num_experts), false)
+            .experts
+            .into_iter()
+            .map(|e| e as u32)
+            .collect()
+    }
+}
+
+impl colibri_actors::Predictor for RouterPredictor {
+    fn predict(&self, layer: u32, residual: &[f32], k: usize) -> Vec<u32> {
+        RouterPredictor::predict(self, layer as usize, residual, k)
+    }
+}
