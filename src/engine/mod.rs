@@ -289,10 +289,10 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
                     }) as u64
                     * opts.kv_slots.max(1) as u64,
             };
-            let (source, plan) =
+            let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
             let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((Box::new(MoeDecoder::new(cfg, dense, source)), stops, plan))
+            Ok((Box::new(MoeDecoder::new(cfg, dense, source)), stops, plan, tap))
         }
         ModelConfig::Glm(cfg) => {
             let cfg = *cfg;

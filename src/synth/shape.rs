@@ -93,8 +93,11 @@ impl ModelShape {
     /// key and indexer key per layer for MLA.
     pub fn kv_bytes_per_position(&self) -> u64 {
         match &self.family {
-            Family::Olmoe(c) => (c.num_hidden_layers * 2 * c.kv_heads() * c.head_dim() * 4) as u64,
-            Family::Glm(c) => {
+            ModelConfig::Olmoe(c) => (c.num_hidden_layers * 2 * c.kv_heads() * c.head_dim() * 4) as u64,
+            ModelConfig::MoeDecoder(c) => {
+                (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64
+            }
+            ModelConfig::Glm(c) => {
                 (c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim()) * 4) as u64
             }
         }
@@ -103,8 +106,9 @@ impl ModelShape {
     /// Positions the model supports.
     pub fn max_positions(&self) -> usize {
         match &self.family {
-            Family::Olmoe(c) => c.max_position_embeddings,
-            Family::Glm(c) => c.max_position_embeddings,
+            ModelConfig::Olmoe(c) => c.max_position_embeddings,
+            ModelConfig::MoeDecoder(c) => c.max_position_embeddings,
+            ModelConfig::Glm(c) => c.max_position_embeddings,
         }
     }
 }
