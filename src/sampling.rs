@@ -47,6 +47,25 @@ impl Rng {
     }
 }
 
+/// Token ids by descending logit (IEEE total order), ties by ascending id:
+/// one integer key per token, sorted as plain `u64`s, which is several
+/// times faster than a comparator over the logits and gives exactly the
+/// same order (every key is distinct, so the unstable sort is stable here).
+fn ranked(logits: &[f32]) -> Vec<usize> {
+    let mut keys: Vec<u64> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let b = x.to_bits();
+            // Ascending `k` follows `total_cmp`; `!k` makes it descending.
+            let k = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+            (u64::from(!k) << 32) | i as u64
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.into_iter().map(|k| (k & 0xffff_ffff) as usize).collect()
+}
+
 /// A sampler owns its generator, so a conversation's draws continue across turns.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -69,8 +88,7 @@ impl Sampler {
             return crate::model::ops::argmax(logits) as u32;
         }
         // Candidates sorted by logit (ties by id), optionally cut to top-k.
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let mut idx = ranked(logits);
         if p.top_k > 0 {
             idx.truncate(p.top_k);
         }
@@ -137,6 +155,21 @@ mod tests {
         assert_eq!(a, b);
         assert!(a.iter().all(|&t| t != 3), "top-k 3 excludes the lowest logit");
         assert!(a.contains(&1) && a.contains(&2));
+    }
+
+    proptest::proptest! {
+        /// The integer ranking is the comparator's order exactly.
+        #[test]
+        fn ranking_matches_total_order(v in proptest::collection::vec(proptest::prelude::any::<f32>(), 0..300), dup in 0usize..4) {
+            let mut v = v;
+            for i in 0..dup.min(v.len()) {
+                let j = v.len() - 1 - i;
+                v[j] = v[i];
+            }
+            let mut want: Vec<usize> = (0..v.len()).collect();
+            want.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+            proptest::prop_assert_eq!(ranked(&v), want);
+        }
     }
 
     #[test]
