@@ -58,6 +58,11 @@ fn every_coli_command_in_real_models_md_runs() {
                 repo().join("fixtures/olmoe-tiny"),
             ),
             ("~/models/GLM-5", repo().join("fixtures/glm-tiny")),
+            (
+                "~/models/Qwen3-30B-A3B-Instruct-2507",
+                repo().join("fixtures/qwen3-moe-tiny"),
+            ),
+            ("~/models/qwen3-30b-int4", tmp.join("qwen3-30b-int4")),
             ("~/models/olmoe-int8", tmp.join("olmoe-int8")),
             ("~/models/glm5-int4", tmp.join("glm5-int4")),
         ];
