@@ -231,6 +231,13 @@ impl SourceFactory<'_> {
 /// A built expert source (counting into its usage tap) and its memory plan.
 pub type Built = (Arc<dyn ExpertSource<ExpertWeights>>, MemoryPlan, Arc<UsageTap>);
 
+/// The KV cache at full context for every slot: `per_position` bytes times
+/// the served context (`--ctx`, at most the model's) times the slots.
+fn kv_bytes(per_position: u64, model_max: usize, opts: &EngineOptions) -> u64 {
+    let ctx = opts.max_ctx.map_or(model_max, |c| c.min(model_max));
+    per_position * ctx as u64 * opts.kv_slots.max(1) as u64
+}
+
 /// Loads the model family named by config.json's model_type.
 type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan, Arc<UsageTap>);
 
@@ -258,11 +265,11 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             });
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: (cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 4) as u64
-                    * opts.max_ctx.map_or(cfg.max_position_embeddings, |c| {
-                        c.min(cfg.max_position_embeddings)
-                    }) as u64
-                    * opts.kv_slots.max(1) as u64,
+                kv_bytes: kv_bytes(
+                    (cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 4) as u64,
+                    cfg.max_position_embeddings,
+                    opts,
+                ),
             };
             let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
@@ -283,11 +290,11 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             });
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4) as u64
-                    * opts.max_ctx.map_or(cfg.max_position_embeddings, |c| {
-                        c.min(cfg.max_position_embeddings)
-                    }) as u64
-                    * opts.kv_slots.max(1) as u64,
+                kv_bytes: kv_bytes(
+                    (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4) as u64,
+                    cfg.max_position_embeddings,
+                    opts,
+                ),
             };
             let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
@@ -310,11 +317,11 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let per_pos = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim();
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: (cfg.num_hidden_layers * per_pos * 4) as u64
-                    * opts.max_ctx.map_or(cfg.max_position_embeddings, |c| {
-                        c.min(cfg.max_position_embeddings)
-                    }) as u64
-                    * opts.kv_slots.max(1) as u64,
+                kv_bytes: kv_bytes(
+                    (cfg.num_hidden_layers * per_pos * 4) as u64,
+                    cfg.max_position_embeddings,
+                    opts,
+                ),
             };
             let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
