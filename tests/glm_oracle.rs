@@ -1,5 +1,7 @@
 //! Token-exactness of the GLM-5 (glm_moe_dsa) engine against transformers
-//! oracles (fixtures/glm-*/REF.json, written by tools/make_glm_fixtures.py).
+//! oracles (fixtures/glm-*/REF.json, written by tools/make_glm_fixtures.py),
+//! and of its DeepSeek-V3 arm (fixtures/deepseek-v3-tiny, written by
+//! tools/make_deepseek_v3_fixture.py with transformers 4.57.1).
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +42,12 @@ fn f32_is_token_exact() {
     for dir in fixtures() {
         check(&dir, &EngineOptions::default(), 0);
     }
+}
+
+#[test]
+fn deepseek_v3_f32_is_token_exact() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/deepseek-v3-tiny");
+    check(&dir, &EngineOptions::default(), 0);
 }
 
 #[test]
