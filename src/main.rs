@@ -57,24 +57,8 @@ fn main() -> ExitCode {
         // 2 is clap's code for usage errors (bad flags, also when found after
         // parsing); everything else (loading, I/O) is 1.
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            eprintln!("error: {}", colibri::cli::error_chain(&e));
             ExitCode::from(if colibri::cli::is_usage_error(&e) { 2 } else { 1 })
         }
     }
-}
-
-/// The error and its causes, skipping a cause whose text the message before
-/// it already contains (library errors often print their source inline).
-fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-    }
-    out
 }

@@ -184,11 +184,19 @@ fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result
         gib(total.saturating_sub(expert_bytes))
     ));
     if let Some(h) = memory_headroom() {
-        let fits = expert_bytes <= h.bytes / 10 * 9;
+        // As `coli plan` counts it at its defaults (one slot, 4096 positions).
+        let ctx = shape.max_positions().min(4096) as u64;
+        let cache = super::plan::expert_cache_bytes(
+            h.bytes / 10 * 9,
+            total.saturating_sub(expert_bytes),
+            shape.kv_bytes_per_position() * ctx,
+        );
+        let fits = expert_bytes <= cache;
         out.push(format!(
-            "placement   {} (auto): the experts {} 90% of the headroom",
+            "placement   {} (auto): the experts {} the {:.2} GiB expert cache left by 90% of the headroom",
             if fits { "mapped" } else { "streamed" },
-            if fits { "fit in" } else { "do not fit in" }
+            if fits { "fit in" } else { "do not fit in" },
+            gib(cache)
         ));
     }
     if let Some(first) = ck.files().first() {
@@ -261,15 +269,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     let mut ok = true;
     if let Some(d) = &dir {
         if let Err(e) = model(d, &args, &mut out) {
-            let mut text = String::new();
-            for cause in e.chain() {
-                let c = cause.to_string();
-                if !text.contains(&c) {
-                    text.push_str(if text.is_empty() { "" } else { ": " });
-                    text.push_str(&c);
-                }
-            }
-            out.push(format!("PROBLEM     {text}"));
+            out.push(format!("PROBLEM     {}", super::error_chain(&e)));
             ok = false;
         }
     } else {

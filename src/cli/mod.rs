@@ -352,3 +352,19 @@ pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
         })
         .collect()
 }
+
+/// The error and its causes, skipping a cause whose text the message before
+/// it already contains (library errors often print their source inline).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}

@@ -26,8 +26,7 @@ use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
 use crate::synth::{ModelShape, memory_bandwidth, read_bandwidth};
 
-/// Memory kept for activations, scratch and I/O buffers (as the engine).
-const WORKING_SET_BYTES: u64 = 256 << 20;
+use crate::engine::WORKING_SET_BYTES;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -79,6 +78,12 @@ pub struct Plan {
     pub tok_per_s_low: f64,
     pub tok_per_s_high: f64,
     pub flags: Vec<String>,
+}
+
+/// The expert cache a budget leaves once the dense weights, the KV cache and
+/// the working set are counted (the engine's arithmetic).
+pub fn expert_cache_bytes(budget: u64, dense: u64, kv: u64) -> u64 {
+    budget.saturating_sub(dense + kv + WORKING_SET_BYTES)
 }
 
 /// Bytes per second at which this machine multiplies decoded experts for
@@ -157,7 +162,7 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
             None => anyhow::bail!("no readable memory limit here: pass --ram-gb"),
         },
     };
-    let cache_bytes = budget_bytes.saturating_sub(dense_bytes + kv_bytes + WORKING_SET_BYTES);
+    let cache_bytes = expert_cache_bytes(budget_bytes, dense_bytes, kv_bytes);
     let mapped = expert_bytes <= cache_bytes;
     let hit = if mapped {
         1.0

@@ -24,6 +24,28 @@ pub enum ModelConfig {
 }
 
 impl ModelConfig {
+    /// Bytes one position of one sequence takes in the KV cache (f32):
+    /// K and V per layer for plain attention; the compressed latent, rope
+    /// key and indexer key per layer for MLA.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        match self {
+            Self::Olmoe(c) => (c.num_hidden_layers * 2 * c.kv_heads() * c.head_dim() * 4) as u64,
+            Self::MoeDecoder(c) => (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64,
+            Self::Glm(c) => {
+                (c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim()) * 4) as u64
+            }
+        }
+    }
+
+    /// Positions the model supports.
+    pub fn max_positions(&self) -> usize {
+        match self {
+            Self::Olmoe(c) => c.max_position_embeddings,
+            Self::MoeDecoder(c) => c.max_position_embeddings,
+            Self::Glm(c) => c.max_position_embeddings,
+        }
+    }
+
     /// Reads and validates `dir`'s config.json.
     pub fn load(dir: &Path) -> Result<Self, ConfigError> {
         let (path, value) = read_json(dir)?;

@@ -65,7 +65,7 @@ pub struct MemoryNeeds {
 }
 
 /// Activations, scratch buffers and I/O buffers in flight.
-const WORKING_SET_BYTES: u64 = 256 << 20;
+pub const WORKING_SET_BYTES: u64 = 256 << 20;
 
 /// How the engine's memory was budgeted: printed by `--profile` and
 /// `coli bench`, so a run's peak RSS can be held against what it planned.
@@ -250,6 +250,7 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
         int8_acts: opts.int8_acts,
     };
     let factory = SourceFactory { opts };
+    let kv = kv_bytes(config.kv_bytes_per_position(), config.max_positions(), opts);
     match config {
         ModelConfig::Olmoe(cfg) => {
             let cfg = *cfg;
@@ -265,11 +266,7 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             });
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: kv_bytes(
-                    (cfg.num_hidden_layers * 2 * cfg.kv_heads() * cfg.head_dim() * 4) as u64,
-                    cfg.max_position_embeddings,
-                    opts,
-                ),
+                kv_bytes: kv,
             };
             let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
@@ -290,11 +287,7 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             });
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: kv_bytes(
-                    (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4) as u64,
-                    cfg.max_position_embeddings,
-                    opts,
-                ),
+                kv_bytes: kv,
             };
             let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
@@ -313,15 +306,9 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
                 cfg: cfg.clone(),
                 weights: dense.clone(),
             });
-            // The compressed cache: latent + rope key (+ indexer key) per position.
-            let per_pos = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim();
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: kv_bytes(
-                    (cfg.num_hidden_layers * per_pos * 4) as u64,
-                    cfg.max_position_embeddings,
-                    opts,
-                ),
+                kv_bytes: kv,
             };
             let (source, plan, tap) =
                 factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;

@@ -88,27 +88,13 @@ impl ModelShape {
         }
     }
 
-    /// Bytes one position of one sequence takes in the KV cache (f32):
-    /// K and V per layer for plain attention, the compressed latent, rope
-    /// key and indexer key per layer for MLA.
+    /// Bytes one position of one sequence takes in the KV cache.
     pub fn kv_bytes_per_position(&self) -> u64 {
-        match &self.family {
-            ModelConfig::Olmoe(c) => (c.num_hidden_layers * 2 * c.kv_heads() * c.head_dim() * 4) as u64,
-            ModelConfig::MoeDecoder(c) => {
-                (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64
-            }
-            ModelConfig::Glm(c) => {
-                (c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim()) * 4) as u64
-            }
-        }
+        self.family.kv_bytes_per_position()
     }
 
     /// Positions the model supports.
     pub fn max_positions(&self) -> usize {
-        match &self.family {
-            ModelConfig::Olmoe(c) => c.max_position_embeddings,
-            ModelConfig::MoeDecoder(c) => c.max_position_embeddings,
-            ModelConfig::Glm(c) => c.max_position_embeddings,
-        }
+        self.family.max_positions()
     }
 }
