@@ -16,6 +16,13 @@ pub enum Family {
     /// Mixtral-Instruct: `<s>[INST] ... [/INST]`, replies closed by `</s>`;
     /// a system message is put before the first instruction.
     Mistral,
+    /// GLM-4.5 / 4.6: like [`Family::Glm`] but with a newline after each
+    /// role tag, and thinking switched off with `\n<think></think>\n`.
+    Glm4,
+    /// gpt-oss's harmony format: `<|start|>role<|message|>...<|end|>`, the
+    /// reply opened with `<|start|>assistant`; a system message becomes the
+    /// developer message's instructions.
+    Harmony,
 }
 
 impl Family {
@@ -26,6 +33,8 @@ impl Family {
             Family::Glm => GLM,
             Family::ChatMl => CHATML,
             Family::Mistral => MISTRAL,
+            Family::Glm4 => GLM4,
+            Family::Harmony => HARMONY,
         }
     }
 
@@ -36,6 +45,8 @@ impl Family {
             Family::Glm => ("", "<|endoftext|>"),
             Family::ChatMl => ("", "<|im_end|>"),
             Family::Mistral => ("<s>", "</s>"),
+            Family::Glm4 => ("", "<|endoftext|>"),
+            Family::Harmony => ("<|startoftext|>", "<|return|>"),
         }
     }
 }
@@ -79,3 +90,22 @@ const GLM: &str = "[gMASK]<sop>\
 {%- endif -%}\
 {%- endfor -%}\
 {%- if add_generation_prompt -%}{{ '<|assistant|><think></think>' }}{%- endif -%}";
+
+const GLM4: &str = "[gMASK]<sop>\
+{%- for m in messages -%}\
+{%- if m.role == 'system' -%}{{ '<|system|>\\n' ~ m.content }}\
+{%- elif m.role == 'user' -%}{{ '<|user|>\\n' ~ m.content }}\
+{%- elif m.role == 'assistant' -%}{{ '<|assistant|>\\n<think></think>\\n' ~ m.content }}\
+{%- else -%}{{ raise_exception('unsupported role ' ~ m.role) }}\
+{%- endif -%}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<|assistant|>\\n<think></think>\\n' }}{%- endif -%}";
+
+const HARMONY: &str = "{%- for m in messages -%}\
+{%- if m.role == 'system' -%}{{ '<|start|>developer<|message|># Instructions\\n\\n' ~ m.content ~ '<|end|>' }}\
+{%- elif m.role == 'user' -%}{{ '<|start|>user<|message|>' ~ m.content ~ '<|end|>' }}\
+{%- elif m.role == 'assistant' -%}{{ '<|start|>assistant<|channel|>final<|message|>' ~ m.content ~ '<|end|>' }}\
+{%- else -%}{{ raise_exception('unsupported role ' ~ m.role) }}\
+{%- endif -%}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<|start|>assistant' }}{%- endif -%}";

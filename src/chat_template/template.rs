@@ -62,6 +62,20 @@ fn raise_exception(msg: String) -> Result<String, Error> {
     ))
 }
 
+/// Newer checkpoints (gpt-oss, GLM-4.5) ship the template as
+/// `chat_template.jinja` next to tokenizer_config.json instead of inside it.
+fn jinja_beside(config: &Path) -> Result<Option<(std::path::PathBuf, String)>, TemplateError> {
+    let path = config.with_file_name("chat_template.jinja");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(Some((path, text)))
+}
+
 /// A special token in tokenizer_config.json: a string, `{"content": ...}`, or null.
 fn token_of(v: Option<&serde_json::Value>) -> Option<String> {
     match v? {
@@ -152,7 +166,10 @@ impl ChatTemplate {
         };
         match source {
             Some(src) => Self::new(&src, &bos, &eos, &path.display().to_string()),
-            None => Ok(Self::builtin_with_tokens(fallback, &bos, &eos)),
+            None => match jinja_beside(path)? {
+                Some((jpath, src)) => Self::new(&src, &bos, &eos, &jpath.display().to_string()),
+                None => Ok(Self::builtin_with_tokens(fallback, &bos, &eos)),
+            },
         }
     }
 
@@ -163,7 +180,13 @@ impl ChatTemplate {
     pub fn of_model(dir: &Path, fallback: Family) -> Result<Option<Self>, TemplateError> {
         let path = dir.join("tokenizer_config.json");
         if !path.is_file() {
-            return Ok(None);
+            return match jinja_beside(&path)? {
+                Some((jpath, src)) => {
+                    let (bos, eos) = fallback.default_tokens();
+                    Self::new(&src, bos, eos, &jpath.display().to_string()).map(Some)
+                }
+                None => Ok(None),
+            };
         }
         let text = std::fs::read_to_string(&path).map_err(|source| TemplateError::Read {
             path: path.clone(),
@@ -174,8 +197,8 @@ impl ChatTemplate {
             source,
         })?;
         match json.get("chat_template") {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(_) => Self::from_tokenizer_config(&path, fallback).map(Some),
+            None | Some(serde_json::Value::Null) if jinja_beside(&path)?.is_none() => Ok(None),
+            _ => Self::from_tokenizer_config(&path, fallback).map(Some),
         }
     }
 
@@ -303,6 +326,37 @@ mod tests {
             t.render_turn(&hist, "Come va?").unwrap(),
             "<|user|>Come va?<|assistant|><think></think>"
         );
+    }
+
+    #[test]
+    fn glm4_and_harmony_builtin_formats() {
+        let t = ChatTemplate::builtin(Family::Glm4);
+        assert_eq!(
+            t.render_turn(&[], "Ciao").unwrap(),
+            "[gMASK]<sop><|user|>\nCiao<|assistant|>\n<think></think>\n"
+        );
+        let t = ChatTemplate::builtin(Family::Harmony);
+        let hist = [ChatMessage::system("Be brief."), ChatMessage::user("Hi")];
+        assert_eq!(
+            t.render(&hist, true).unwrap(),
+            "<|start|>developer<|message|># Instructions\n\nBe brief.<|end|>\
+             <|start|>user<|message|>Hi<|end|><|start|>assistant"
+        );
+    }
+
+    #[test]
+    fn a_chat_template_jinja_file_is_read() {
+        let dir = std::env::temp_dir().join(format!("colibri-jinja-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Without tokenizer_config.json: the file alone is the template.
+        std::fs::write(dir.join("chat_template.jinja"), "{{ messages[0].content }}!").unwrap();
+        let t = ChatTemplate::of_model(&dir, Family::Olmoe).unwrap().unwrap();
+        assert_eq!(t.render(&[ChatMessage::user("x")], false).unwrap(), "x!");
+        // With a tokenizer_config.json lacking chat_template, it is still used.
+        std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<e>"}"#).unwrap();
+        let t = ChatTemplate::of_model(&dir, Family::Olmoe).unwrap().unwrap();
+        assert_eq!(t.render(&[ChatMessage::user("y")], false).unwrap(), "y!");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

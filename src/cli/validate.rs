@@ -22,6 +22,11 @@ pub struct ValidateArgs {
     /// Compare one forward pass over full_ids with tf_pred instead of greedy generation.
     #[arg(long)]
     pub teacher_forcing: bool,
+    /// Compare with the oracle's int8 round-trip run (`int8_full_ids`,
+    /// `int8_tf_pred`: transformers on the weights the engine's int8 formats
+    /// give), for `--expert-bits 8 --dense-bits 8` runs.
+    #[arg(long)]
+    pub int8_oracle: bool,
     /// Mismatches tolerated before exiting 1.
     #[arg(long, default_value_t = 0)]
     pub max_mismatches: usize,
@@ -36,6 +41,11 @@ pub struct Reference {
     pub full_ids: Vec<u32>,
     #[serde(default)]
     pub tf_pred: Option<Vec<u32>>,
+    /// The same run of transformers on int8 round-trip weights.
+    #[serde(default)]
+    pub int8_full_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub int8_tf_pred: Option<Vec<u32>>,
 }
 
 impl Reference {
@@ -49,6 +59,22 @@ impl Reference {
             anyhow::bail!("{}: full_ids does not start with prompt_ids", path.display());
         }
         Ok(r)
+    }
+
+    /// The int8 round-trip oracle as a reference of its own, when the file
+    /// has one.
+    pub fn int8(&self) -> Option<Reference> {
+        let full = self.int8_full_ids.clone()?;
+        if full.len() < self.prompt_ids.len() || full[..self.prompt_ids.len()] != self.prompt_ids[..] {
+            return None;
+        }
+        Some(Reference {
+            prompt_ids: self.prompt_ids.clone(),
+            full_ids: full,
+            tf_pred: self.int8_tf_pred.clone(),
+            int8_full_ids: None,
+            int8_tf_pred: None,
+        })
     }
 }
 
@@ -97,7 +123,15 @@ pub fn teacher_forcing(engine: &mut Engine, r: &Reference) -> anyhow::Result<(us
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<bool> {
     let dir = args.model.resolve()?;
-    let r = Reference::load(&args.reference)?;
+    let mut r = Reference::load(&args.reference)?;
+    if args.int8_oracle {
+        r = r.int8().with_context(|| {
+            format!(
+                "{}: no int8 oracle (int8_full_ids starting with prompt_ids)",
+                args.reference.display()
+            )
+        })?;
+    }
     let mut engine =
         Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
     let (ok, total) = if args.teacher_forcing {

@@ -1,11 +1,13 @@
 //! Model configurations read from a checkpoint's `config.json`.
 
 pub mod glm;
+pub mod glm4_moe;
+pub mod gpt_oss;
 pub mod moe_decoder;
 pub mod olmoe;
 
 pub use glm::GlmConfig;
-pub use moe_decoder::{DecoderKind, MoeDecoderConfig};
+pub use moe_decoder::{DecoderKind, MoeDecoderConfig, RouterChoice, Yarn};
 pub use olmoe::OlmoeConfig;
 
 use std::path::{Path, PathBuf};
@@ -17,7 +19,7 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug)]
 pub enum ModelConfig {
     Olmoe(Box<OlmoeConfig>),
-    /// Qwen3-MoE and Mixtral.
+    /// Qwen3-MoE, Mixtral, GLM-4.x and gpt-oss.
     MoeDecoder(Box<MoeDecoderConfig>),
     /// GLM-5 and DeepSeek-V3.
     Glm(Box<GlmConfig>),
@@ -58,6 +60,8 @@ impl ModelConfig {
         Ok(match model_type {
             "olmoe" => Self::Olmoe(Box::new(OlmoeConfig::from_json(path, value)?)),
             "qwen3_moe" | "mixtral" => Self::MoeDecoder(Box::new(MoeDecoderConfig::from_json(path, value)?)),
+            "glm4_moe" => Self::MoeDecoder(Box::new(glm4_moe::from_json(path, value)?)),
+            "gpt_oss" => Self::MoeDecoder(Box::new(gpt_oss::from_json(path, value)?)),
             "glm_moe_dsa" | "deepseek_v3" => Self::Glm(Box::new(GlmConfig::from_json(path, value)?)),
             other => {
                 return Err(ConfigError::ModelType {
@@ -85,7 +89,7 @@ pub enum ConfigError {
         source: serde_json::Error,
     },
     #[error(
-        "{path}: model_type {found:?} is not supported (supported: olmoe, qwen3_moe, mixtral, glm_moe_dsa, deepseek_v3)"
+        "{path}: model_type {found:?} is not supported (supported: olmoe, qwen3_moe, mixtral, glm4_moe, gpt_oss, glm_moe_dsa, deepseek_v3)"
     )]
     ModelType { path: PathBuf, found: String },
     #[error("{path}: {field} {reason}")]

@@ -1,7 +1,9 @@
 //! Qwen3-MoE (`model_type: "qwen3_moe"`) and Mixtral (`"mixtral"`)
-//! hyper-parameters, read into one validated description: both are
-//! Llama-style decoders (GQA, rotate-half RoPE, SwiGLU experts behind a
-//! softmax top-k router) that differ only in the options named here.
+//! hyper-parameters, read into one validated description of a Llama-style
+//! MoE decoder (GQA, rotate-half RoPE, gated experts behind a router). The
+//! description also carries the options GLM-4.x (`super::glm4_moe`) and
+//! gpt-oss (`super::gpt_oss`) need, whose own files parse their configs
+//! into it.
 
 use std::path::Path;
 
@@ -18,6 +20,44 @@ pub enum DecoderKind {
     /// No q/k norm, top-k always renormalised, optional sliding window,
     /// experts under `block_sparse_moe.experts.E.{w1,w3,w2}`.
     Mixtral,
+    /// GLM-4.5 / 4.6 / 4.7 (`glm4_moe`): q/k/v biases, partial rotary,
+    /// optional per-head q/k norm, sigmoid group-limited router with a
+    /// correction bias and shared experts, dense leading layers.
+    Glm4Moe,
+    /// gpt-oss: biases everywhere, attention sinks, alternating sliding and
+    /// full attention, YaRN RoPE, top-k-then-softmax router with a bias,
+    /// clamped SwiGLU experts with biases.
+    GptOss,
+}
+
+/// How a layer's router turns logits into expert weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RouterChoice {
+    /// Softmax over all experts, top-k, renormalised when `norm_topk_prob`.
+    Softmax,
+    /// Top-k logits, softmax over those (gpt-oss).
+    TopKSoftmax,
+    /// Sigmoid scores, `e_score_correction_bias`, `n_group` groups of
+    /// which `topk_group` compete, times `routed_scaling_factor` (GLM-4.x).
+    Sigmoid {
+        n_group: usize,
+        topk_group: usize,
+        routed_scaling_factor: f64,
+    },
+}
+
+/// YaRN RoPE scaling (`rope_scaling.rope_type: "yarn"`), as transformers
+/// computes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max_position_embeddings: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub truncate: bool,
+    /// Multiplies cos and sin (`attention_factor`, else from `factor` and
+    /// `mscale` / `mscale_all_dim`).
+    pub attention_factor: f64,
 }
 
 /// The fields of a Qwen3-MoE or Mixtral `config.json` the engine uses, validated.
@@ -48,6 +88,30 @@ pub struct MoeDecoderConfig {
     pub sliding_window: Option<usize>,
     pub tie_word_embeddings: bool,
     pub eos_token_id: Option<serde_json::Value>,
+    /// q, k and v projections carry biases.
+    pub qkv_bias: bool,
+    /// The output projection carries a bias.
+    pub o_bias: bool,
+    /// Per-head q/k RMSNorm.
+    pub qk_norm: bool,
+    /// Leading dimensions of each head RoPE rotates (`partial_rotary_factor`).
+    pub rotary_dim: usize,
+    pub yarn: Option<Yarn>,
+    pub router: RouterChoice,
+    /// Rows of the always-on shared expert's gate/up (0: none).
+    pub shared_intermediate: usize,
+    /// Leading layers with a dense MLP (`first_k_dense_replace`).
+    pub first_k_dense_replace: usize,
+    /// Per layer, whether it uses `sliding_window` (gpt-oss `layer_types`);
+    /// empty: every layer does when a window is set.
+    pub sliding_layers: Vec<bool>,
+    /// One learned sink logit per head joins every attention softmax.
+    pub attention_sinks: bool,
+    /// gpt-oss's clamped SwiGLU (`swiglu_limit`); `None`: plain SwiGLU.
+    pub swiglu_limit: Option<f64>,
+    /// Next-token (MTP) layers after the main ones (GLM-4.x), kept by
+    /// `coli convert` but not run.
+    pub num_nextn_predict_layers: usize,
 }
 
 /// `config.json` of a Qwen3-MoE checkpoint as written by transformers.
@@ -179,14 +243,7 @@ impl MoeDecoderConfig {
             field,
             reason,
         };
-        // serde's own message for `-4` or `1.5` would not name the field.
-        for field in COUNT_FIELDS {
-            if let Some(v) = value.get(field)
-                && !(v.is_u64() || v.is_null())
-            {
-                return Err(bad(field, format!("must be a non-negative integer, got {v}")));
-            }
-        }
+        check_counts(path, &value, &COUNT_FIELDS)?;
         let cfg = match found.as_str() {
             "qwen3_moe" => {
                 let j: Qwen3MoeJson = serde_json::from_value(value).map_err(json)?;
@@ -205,6 +262,7 @@ impl MoeDecoderConfig {
                 check_act(path, j.hidden_act.as_deref())?;
                 check_rope(path, j.rope_parameters.as_ref(), j.rope_scaling.as_ref())?;
                 let heads = j.num_attention_heads;
+                let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
                 Self {
                     model_type: found,
                     kind: DecoderKind::Qwen3Moe,
@@ -213,7 +271,7 @@ impl MoeDecoderConfig {
                     num_hidden_layers: j.num_hidden_layers,
                     num_attention_heads: heads,
                     num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
-                    head_dim: j.head_dim.unwrap_or(j.hidden_size / heads.max(1)),
+                    head_dim,
                     max_position_embeddings: j.max_position_embeddings,
                     rope_theta: super::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
                     rms_norm_eps: j.rms_norm_eps,
@@ -227,6 +285,18 @@ impl MoeDecoderConfig {
                     sliding_window: None,
                     tie_word_embeddings: j.tie_word_embeddings,
                     eos_token_id: j.eos_token_id,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: true,
+                    rotary_dim: head_dim,
+                    yarn: None,
+                    router: RouterChoice::Softmax,
+                    shared_intermediate: 0,
+                    first_k_dense_replace: 0,
+                    sliding_layers: Vec::new(),
+                    attention_sinks: false,
+                    swiglu_limit: None,
+                    num_nextn_predict_layers: 0,
                 }
             }
             "mixtral" => {
@@ -234,6 +304,7 @@ impl MoeDecoderConfig {
                 check_act(path, j.hidden_act.as_deref())?;
                 check_rope(path, j.rope_parameters.as_ref(), j.rope_scaling.as_ref())?;
                 let heads = j.num_attention_heads;
+                let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
                 Self {
                     model_type: found,
                     kind: DecoderKind::Mixtral,
@@ -242,7 +313,7 @@ impl MoeDecoderConfig {
                     num_hidden_layers: j.num_hidden_layers,
                     num_attention_heads: heads,
                     num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
-                    head_dim: j.head_dim.unwrap_or(j.hidden_size / heads.max(1)),
+                    head_dim,
                     max_position_embeddings: j.max_position_embeddings,
                     // transformers' MixtralConfig default.
                     rope_theta: j
@@ -260,6 +331,18 @@ impl MoeDecoderConfig {
                     sliding_window: j.sliding_window,
                     tie_word_embeddings: j.tie_word_embeddings,
                     eos_token_id: j.eos_token_id,
+                    qkv_bias: false,
+                    o_bias: false,
+                    qk_norm: false,
+                    rotary_dim: head_dim,
+                    yarn: None,
+                    router: RouterChoice::Softmax,
+                    shared_intermediate: 0,
+                    first_k_dense_replace: 0,
+                    sliding_layers: Vec::new(),
+                    attention_sinks: false,
+                    swiglu_limit: None,
+                    num_nextn_predict_layers: 0,
                 }
             }
             _ => {
@@ -273,7 +356,7 @@ impl MoeDecoderConfig {
         Ok(cfg)
     }
 
-    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let bad = |field: &'static str, reason: String| {
             Err(ConfigError::Invalid {
                 path: path.to_path_buf(),
@@ -283,11 +366,12 @@ impl MoeDecoderConfig {
         };
         let experts_field = match self.kind {
             DecoderKind::Qwen3Moe => "num_experts",
-            DecoderKind::Mixtral => "num_local_experts",
+            DecoderKind::Mixtral | DecoderKind::GptOss => "num_local_experts",
+            DecoderKind::Glm4Moe => "n_routed_experts",
         };
         let moe_inter_field = match self.kind {
-            DecoderKind::Qwen3Moe => "moe_intermediate_size",
-            DecoderKind::Mixtral => "intermediate_size",
+            DecoderKind::Qwen3Moe | DecoderKind::Glm4Moe => "moe_intermediate_size",
+            DecoderKind::Mixtral | DecoderKind::GptOss => "intermediate_size",
         };
         for (field, v) in [
             ("max_position_embeddings", self.max_position_embeddings),
@@ -320,6 +404,108 @@ impl MoeDecoderConfig {
         if !self.head_dim.is_multiple_of(2) {
             return bad("head_dim", format!("must be even, got {}", self.head_dim));
         }
+        if self.rotary_dim == 0 || !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
+            return bad(
+                "partial_rotary_factor",
+                format!(
+                    "gives {} rotary dimensions; they must be even and in 2..={}",
+                    self.rotary_dim, self.head_dim
+                ),
+            );
+        }
+        if !self.sliding_layers.is_empty() && self.sliding_layers.len() != self.num_hidden_layers {
+            return bad(
+                "layer_types",
+                format!(
+                    "lists {} layers, the model has {}",
+                    self.sliding_layers.len(),
+                    self.num_hidden_layers
+                ),
+            );
+        }
+        if self.sliding_layers.contains(&true) && self.sliding_window.is_none() {
+            return bad(
+                "sliding_window",
+                "is missing but layer_types has sliding layers".into(),
+            );
+        }
+        if let RouterChoice::Sigmoid {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+        } = self.router
+        {
+            let ne = self.num_experts;
+            if n_group == 0 || !ne.is_multiple_of(n_group) || ne / n_group < 2 {
+                return bad(
+                    "n_group",
+                    format!("{n_group} must divide {experts_field} {ne} into groups of at least 2"),
+                );
+            }
+            if topk_group == 0 || topk_group > n_group {
+                return bad(
+                    "topk_group",
+                    format!("must be in 1..={n_group}, got {topk_group}"),
+                );
+            }
+            if self.num_experts_per_tok > topk_group * (ne / n_group) {
+                return bad(
+                    "num_experts_per_tok",
+                    "exceeds the experts of the topk_group selected groups".into(),
+                );
+            }
+            if !(routed_scaling_factor.is_finite()
+                && routed_scaling_factor > 0.0
+                && routed_scaling_factor < 1e6)
+            {
+                return bad(
+                    "routed_scaling_factor",
+                    format!("must be positive and finite, got {routed_scaling_factor}"),
+                );
+            }
+        }
+        if self.shared_intermediate > COUNT_LIMIT {
+            return bad(
+                "n_shared_experts",
+                format!("gives a shared expert of {} rows", self.shared_intermediate),
+            );
+        }
+        if self.num_nextn_predict_layers > COUNT_LIMIT {
+            return bad(
+                "num_nextn_predict_layers",
+                format!("must be at most {COUNT_LIMIT}"),
+            );
+        }
+        if let Some(limit) = self.swiglu_limit
+            && !(limit.is_finite() && limit > 0.0 && (limit as f32).is_finite())
+        {
+            return bad(
+                "swiglu_limit",
+                format!("must be positive and finite, got {limit}"),
+            );
+        }
+        if let Some(y) = &self.yarn {
+            for (v, what) in [
+                (y.factor, "factor"),
+                (y.beta_fast, "beta_fast"),
+                (y.beta_slow, "beta_slow"),
+                (y.attention_factor, "attention_factor"),
+            ] {
+                if !(v.is_finite() && v > 0.0 && v < 1e9) {
+                    return bad(
+                        "rope_scaling",
+                        format!("yarn {what} must be positive and finite, got {v}"),
+                    );
+                }
+            }
+            let orig = y.original_max_position_embeddings;
+            if orig == 0 || orig > COUNT_LIMIT {
+                return bad(
+                    "rope_scaling",
+                    format!("yarn original_max_position_embeddings must be in 1..={COUNT_LIMIT}, got {orig}"),
+                );
+            }
+        }
         if self.num_experts_per_tok > self.num_experts {
             return bad(
                 "num_experts_per_tok",
@@ -340,10 +526,12 @@ impl MoeDecoderConfig {
             );
         }
         if !self.any_sparse() {
-            return bad(
-                "mlp_only_layers",
-                "with decoder_sparse_step leaves no layer with routed experts".into(),
-            );
+            let field = if self.first_k_dense_replace > 0 {
+                "first_k_dense_replace"
+            } else {
+                "mlp_only_layers"
+            };
+            return bad(field, "leaves no layer with routed experts".into());
         }
         if let Some(w) = self.sliding_window
             && (w == 0 || w > COUNT_LIMIT)
@@ -357,6 +545,7 @@ impl MoeDecoderConfig {
             &[
                 ("vocab_size", &[self.vocab_size, h]),
                 ("intermediate_size", &[self.intermediate_size, h]),
+                ("n_shared_experts", &[self.shared_intermediate, h]),
                 ("num_attention_heads", &[self.num_attention_heads, hd, h]),
                 ("num_key_value_heads", &[kv, hd, h]),
                 (experts_field, &[self.num_experts, self.moe_intermediate_size, h]),
@@ -372,7 +561,17 @@ impl MoeDecoderConfig {
     /// Whether layer `l` has routed experts (else a dense MLP of
     /// `intermediate_size`), as transformers' Qwen3MoeDecoderLayer decides.
     pub fn is_sparse(&self, l: usize) -> bool {
-        !self.mlp_only_layers.contains(&l) && (l + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+        l >= self.first_k_dense_replace
+            && !self.mlp_only_layers.contains(&l)
+            && (l + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+    }
+
+    /// The sliding window layer `l` attends through, if any.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match self.sliding_layers.get(l) {
+            Some(false) => None,
+            _ => self.sliding_window,
+        }
     }
 
     /// [`Self::is_sparse`] of every layer.
@@ -380,13 +579,17 @@ impl MoeDecoderConfig {
         let dense: std::collections::HashSet<usize> = self.mlp_only_layers.iter().copied().collect();
         let step = self.decoder_sparse_step.max(1);
         (0..self.num_hidden_layers)
-            .map(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step))
+            .map(|l| l >= self.first_k_dense_replace && !dense.contains(&l) && (l + 1).is_multiple_of(step))
             .collect()
     }
 
     /// Whether some layer has routed experts, without walking every layer
     /// (a hostile config may declare millions).
     pub fn any_sparse(&self) -> bool {
+        if self.first_k_dense_replace > 0 {
+            // Only GLM-4.x sets it, and it has no other dense layers.
+            return self.first_k_dense_replace < self.num_hidden_layers;
+        }
         let step = self.decoder_sparse_step.max(1);
         let candidates = self.num_hidden_layers / step;
         if candidates > self.mlp_only_layers.len() {
@@ -402,8 +605,29 @@ impl MoeDecoderConfig {
     }
 }
 
+/// Refuses a count field that is not a non-negative integer, naming it
+/// (serde's own message for `-4` or `1.5` would not).
+pub(super) fn check_counts(
+    path: &Path,
+    value: &serde_json::Value,
+    fields: &[&'static str],
+) -> Result<(), ConfigError> {
+    for &field in fields {
+        if let Some(v) = value.get(field)
+            && !(v.is_u64() || v.is_null())
+        {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field,
+                reason: format!("must be a non-negative integer, got {v}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Only SiLU-gated experts are implemented.
-fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigError> {
+pub(super) fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigError> {
     match act {
         None | Some("silu") => Ok(()),
         Some(other) => Err(ConfigError::Invalid {
@@ -415,7 +639,7 @@ fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigError> {
 }
 
 /// Only plain RoPE is implemented: a scaling type is refused by name.
-fn check_rope(
+pub(super) fn check_rope(
     path: &Path,
     params: Option<&serde_json::Value>,
     scaling: Option<&serde_json::Value>,

@@ -297,10 +297,11 @@ fn prepare_output(output: &Path) -> Result<(), ConvertError> {
 }
 
 /// Files copied next to the container when the input has them.
-const SIDE_FILES: [&str; 6] = [
+const SIDE_FILES: [&str; 7] = [
     "config.json",
     "tokenizer.json",
     "tokenizer_config.json",
+    "chat_template.jinja",
     "generation_config.json",
     "special_tokens_map.json",
     "REF.json",

@@ -29,6 +29,7 @@ use crate::model::glm::{self, Glm, GlmPredictor};
 use crate::model::lm::LanguageModel;
 use crate::model::moe_decoder::{self, MoeDecoder, RouterPredictor};
 use crate::model::olmoe::{self, LoadOptions, Olmoe};
+use crate::model::routed::Router;
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -262,6 +263,9 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
                 hidden: cfg.hidden_size,
                 rms_norm_eps: cfg.rms_norm_eps as f32,
                 num_experts: cfg.num_experts,
+                router: Router::Softmax {
+                    renorm: cfg.norm_topk_prob,
+                },
                 weights: dense.clone(),
             });
             let needs = MemoryNeeds {
@@ -279,12 +283,7 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
             let dense = Arc::new(moe_decoder::load_dense(&cfg, &ck, load)?);
             let (map, codec) = moe_decoder::expert_map(&cfg, &ck, load)?;
             drop(ck);
-            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor {
-                hidden: cfg.hidden_size,
-                rms_norm_eps: cfg.rms_norm_eps as f32,
-                num_experts: cfg.num_experts,
-                weights: dense.clone(),
-            });
+            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor::for_decoder(&cfg, dense.clone()));
             let needs = MemoryNeeds {
                 dense_bytes: dense.resident_bytes() as u64,
                 kv_bytes: kv,
@@ -448,6 +447,8 @@ pub fn template_family(dir: &Path) -> crate::chat_template::Family {
         Ok(ModelConfig::MoeDecoder(c)) => match c.kind {
             DecoderKind::Qwen3Moe => Family::ChatMl,
             DecoderKind::Mixtral => Family::Mistral,
+            DecoderKind::Glm4Moe => Family::Glm4,
+            DecoderKind::GptOss => Family::Harmony,
         },
         Ok(ModelConfig::Olmoe(_)) | Err(_) => Family::Olmoe,
     }

@@ -1,8 +1,9 @@
 //! Causal multi-head attention with grouped KV heads over the plain KV
 //! cache, shared by the families with Llama-style attention (OLMoE,
-//! Qwen3-MoE, Mixtral): optional q/k RMSNorm (over the whole projection or
-//! per head), optional q/k/v clipping, rotate-half RoPE, and an optional
-//! sliding window.
+//! Qwen3-MoE, Mixtral, GLM-4.x, gpt-oss): optional projection biases,
+//! optional q/k RMSNorm (over the whole projection or per head), optional
+//! q/k/v clipping, rotate-half RoPE over all or the first part of each head,
+//! an optional sliding window and optional attention sinks.
 //!
 //! One call serves a batch of sequences: the projections run once over every
 //! new row of every sequence (each weight row is read once per step), while
@@ -43,7 +44,8 @@ pub struct AttnSpec {
 }
 
 /// The projections of one attention block; the norms are empty with
-/// [`QkNorm::None`].
+/// [`QkNorm::None`], and every bias and the sinks are empty when the
+/// checkpoint has none.
 #[derive(Debug)]
 pub struct AttnWeights {
     pub q: QMatrix,
@@ -52,6 +54,38 @@ pub struct AttnWeights {
     pub o: QMatrix,
     pub q_norm: Vec<f32>,
     pub k_norm: Vec<f32>,
+    pub bias: AttnBias,
+    /// One learned logit per query head that joins every softmax and is
+    /// then dropped (gpt-oss): attention may give weight to "nothing".
+    pub sinks: Vec<f32>,
+}
+
+/// Biases of the q/k/v/o projections (GLM-4.x has q/k/v, gpt-oss all four);
+/// an empty vector is no bias.
+#[derive(Debug, Default)]
+pub struct AttnBias {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub o: Vec<f32>,
+}
+
+impl AttnBias {
+    fn bytes(&self) -> usize {
+        (self.q.len() + self.k.len() + self.v.len() + self.o.len()) * 4
+    }
+}
+
+/// Adds `bias` (length `dim`, or empty) to every row of `rows`.
+pub(crate) fn add_bias(rows: &mut [f32], bias: &[f32]) {
+    if bias.is_empty() {
+        return;
+    }
+    for row in rows.chunks_exact_mut(bias.len()) {
+        for (x, b) in row.iter_mut().zip(bias) {
+            *x += b;
+        }
+    }
 }
 
 impl AttnWeights {
@@ -60,7 +94,8 @@ impl AttnWeights {
             .iter()
             .map(|m| m.resident_bytes())
             .sum::<usize>()
-            + (self.q_norm.len() + self.k_norm.len()) * 4
+            + (self.q_norm.len() + self.k_norm.len() + self.sinks.len()) * 4
+            + self.bias.bytes()
     }
 }
 
@@ -96,6 +131,9 @@ pub fn attend(
     w.q.matmul(xn, n, &mut q);
     w.k.matmul(xn, n, &mut k);
     w.v.matmul(xn, n, &mut v);
+    add_bias(&mut q, &w.bias.q);
+    add_bias(&mut k, &w.bias.k);
+    add_bias(&mut v, &w.bias.v);
     match spec.qk_norm {
         QkNorm::None => {}
         QkNorm::Full => {
@@ -159,7 +197,10 @@ pub fn attend(
                 dot(qv, kr) * scale
             })
             .collect();
-        softmax_inplace(&mut scores);
+        match w.sinks.get(h) {
+            Some(&sink) => softmax_with_sink(&mut scores, sink),
+            None => softmax_inplace(&mut scores),
+        }
         out.fill(0.0);
         for (j, &s) in scores.iter().enumerate() {
             let p = first + j;
@@ -171,5 +212,50 @@ pub fn attend(
     });
     let mut out = vec![0f32; n * hidden];
     w.o.matmul(&ctx, n, &mut out);
+    add_bias(&mut out, &w.bias.o);
     out
+}
+
+/// Softmax over `scores` plus one extra logit `sink` that takes its share
+/// of the mass and is then dropped (transformers' gpt-oss: concatenate,
+/// subtract the max, softmax, drop the last column).
+fn softmax_with_sink(scores: &mut [f32], sink: f32) {
+    let max = scores.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - max).exp();
+    for v in scores.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in scores.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sink_takes_mass_and_a_very_negative_one_takes_none() {
+        let mut a = vec![1.0f32, 2.0, 0.5];
+        let mut b = a.clone();
+        softmax_with_sink(&mut a, -1e30);
+        softmax_inplace(&mut b);
+        assert_eq!(a, b);
+        let mut c = vec![1.0f32, 2.0, 0.5];
+        softmax_with_sink(&mut c, 2.0);
+        let total: f32 = c.iter().sum();
+        let expect = 1.0 - 2f32.exp() / (1f32.exp() + 2f32.exp() + 0.5f32.exp() + 2f32.exp());
+        assert!((total - expect).abs() < 1e-6, "{total} vs {expect}");
+    }
+
+    #[test]
+    fn bias_is_added_per_row() {
+        let mut rows = vec![1.0f32, 2.0, 3.0, 4.0];
+        add_bias(&mut rows, &[10.0, 20.0]);
+        assert_eq!(rows, vec![11.0, 22.0, 13.0, 24.0]);
+        add_bias(&mut rows, &[]);
+        assert_eq!(rows, vec![11.0, 22.0, 13.0, 24.0]);
+    }
 }

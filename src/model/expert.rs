@@ -1,4 +1,4 @@
-//! A routed SwiGLU expert as compute sees it, and how its bytes become one.
+//! A routed gated expert as compute sees it, and how its bytes become one.
 
 use colibri_actors::{ExpertDecoder, ExpertExtent, ExpertKey, SharedBytes};
 use safetensors::Dtype;
@@ -7,32 +7,115 @@ use crate::model::ModelError;
 use crate::quant::{ByteStore, QFormat, QMatrix};
 use crate::st::{self, Checkpoint, SCALE_SUFFIX};
 
-/// gate / up / down projections of one expert.
+/// gate / up / down projections of one expert (or dense MLP), with the
+/// biases and gating function of its family.
 #[derive(Debug)]
 pub struct ExpertWeights {
     pub gate: QMatrix,
     pub up: QMatrix,
     pub down: QMatrix,
+    pub bias: Option<ExpertBias>,
+    pub act: Activation,
+}
+
+/// Biases of an expert's gate, up and down projections (gpt-oss).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpertBias {
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    pub down: Vec<f32>,
+}
+
+/// How `gate x` and `up x` combine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// `silu(g) * u` (Llama, Qwen, Mixtral, OLMoE, GLM, DeepSeek).
+    SiluGlu,
+    /// gpt-oss: `g' = min(g, limit)`, `u' = clamp(u, ±limit)`,
+    /// `(u' + 1) * g' * sigmoid(alpha g')`.
+    ClampedSwiglu { limit: f32, alpha: f32 },
+}
+
+impl Activation {
+    /// gpt-oss's gating with its `swiglu_limit` (alpha is fixed at 1.702).
+    pub fn gpt_oss(limit: f32) -> Self {
+        Activation::ClampedSwiglu { limit, alpha: 1.702 }
+    }
+
+    fn apply(self, g: &mut [f32], u: &[f32]) {
+        match self {
+            Activation::SiluGlu => {
+                for (gv, uv) in g.iter_mut().zip(u) {
+                    *gv = crate::model::ops::silu(*gv) * uv;
+                }
+            }
+            Activation::ClampedSwiglu { limit, alpha } => {
+                for (gv, &uv) in g.iter_mut().zip(u) {
+                    let gc = gv.min(limit);
+                    let uc = uv.clamp(-limit, limit);
+                    let glu = gc * (1.0 / (1.0 + (-(gc * alpha)).exp()));
+                    *gv = (uc + 1.0) * glu;
+                }
+            }
+        }
+    }
 }
 
 impl ExpertWeights {
-    /// `down(silu(gate x) * up x)` for `n` tokens (`x` is `[n, hidden]`),
-    /// written to `out` (`[n, hidden]`).
+    /// A plain SwiGLU expert without biases.
+    pub fn swiglu(gate: QMatrix, up: QMatrix, down: QMatrix) -> Self {
+        Self {
+            gate,
+            up,
+            down,
+            bias: None,
+            act: Activation::SiluGlu,
+        }
+    }
+
+    /// `down(act(gate x, up x))` (biases added after each product when
+    /// present) for `n` tokens (`x` is `[n, hidden]`), written to `out`
+    /// (`[n, hidden]`).
     pub fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
         let inter = self.gate.rows();
         let mut g = vec![0f32; n * inter];
         let mut u = vec![0f32; n * inter];
         self.gate.matmul(x, n, &mut g);
         self.up.matmul(x, n, &mut u);
-        for (gv, uv) in g.iter_mut().zip(&u) {
-            *gv = crate::model::ops::silu(*gv) * uv;
+        if let Some(b) = &self.bias {
+            crate::model::attention::add_bias(&mut g, &b.gate);
+            crate::model::attention::add_bias(&mut u, &b.up);
         }
+        self.act.apply(&mut g, &u);
         self.down.matmul(&g, n, out);
+        if let Some(b) = &self.bias {
+            crate::model::attention::add_bias(out, &b.down);
+        }
     }
 
     pub fn resident_bytes(&self) -> usize {
-        self.gate.resident_bytes() + self.up.resident_bytes() + self.down.resident_bytes()
+        let bias = self
+            .bias
+            .as_ref()
+            .map_or(0, |b| (b.gate.len() + b.up.len() + b.down.len()) * 4);
+        self.gate.resident_bytes() + self.up.resident_bytes() + self.down.resident_bytes() + bias
     }
+}
+
+/// Loads a dense SwiGLU MLP `prefix.{gate,up,down}_proj.weight` (GLM's and
+/// Qwen3's dense layers, shared experts).
+pub fn load_swiglu(
+    ck: &Checkpoint,
+    prefix: &str,
+    hidden: usize,
+    inter: usize,
+    f: crate::model::want::MatrixWant,
+) -> Result<ExpertWeights, ModelError> {
+    Ok(ExpertWeights::swiglu(
+        f.load(ck, &format!("{prefix}.gate_proj.weight"), inter, hidden)?,
+        f.load(ck, &format!("{prefix}.up_proj.weight"), inter, hidden)?,
+        f.load(ck, &format!("{prefix}.down_proj.weight"), hidden, inter)?,
+    ))
 }
 
 /// Where one of an expert's matrices sits among the pieces of its extent.
@@ -47,12 +130,23 @@ pub struct MatrixSlot {
     pub scales: Option<(usize, usize)>,
 }
 
+/// Where one of an expert's bias vectors sits among the pieces of its extent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BiasSlot {
+    pub dtype: Dtype,
+    pub len: usize,
+    /// Piece index and byte length.
+    pub data: (usize, usize),
+}
+
 /// The piece layout shared by every expert of one layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExpertLayout {
     pub gate: MatrixSlot,
     pub up: MatrixSlot,
     pub down: MatrixSlot,
+    /// gate, up and down biases, when the experts have them.
+    pub bias: Option<[BiasSlot; 3]>,
 }
 
 /// How the experts of one layer are stored and what full-precision ones
@@ -77,6 +171,8 @@ pub struct ExpertCodec {
     /// Decoded experts multiply through int8 activations
     /// ([`QMatrix::with_int8_acts`]).
     pub int8_acts: bool,
+    /// The gating function of every decoded expert.
+    pub act: Activation,
 }
 
 /// Collects per-layer expert layouts while a loader walks the experts,
@@ -132,6 +228,7 @@ impl LayoutCollector {
         Ok(ExpertCodec {
             layers,
             int8_acts: false,
+            act: Activation::SiluGlu,
         })
     }
 }
@@ -144,6 +241,23 @@ impl ExpertCodec {
             int8_acts: on,
             ..self
         }
+    }
+
+    /// The same codec, gating decoded experts with `act`.
+    pub fn with_activation(self, act: Activation) -> Self {
+        Self { act, ..self }
+    }
+
+    fn bias(&self, slot: &BiasSlot, bytes: &SharedBytes, piece_at: &[usize]) -> Result<Vec<f32>, String> {
+        let (i, len) = slot.data;
+        let start = *piece_at.get(i).ok_or_else(|| format!("piece {i} missing"))?;
+        let b = ByteStore::slice_of(bytes.clone(), start, len)
+            .ok_or_else(|| format!("piece {i} runs past the buffer"))?;
+        let v = st::decode_f32(slot.dtype, b.as_slice()).map_err(|e| e.to_string())?;
+        if v.len() != slot.len {
+            return Err(format!("{} values, expected {}", v.len(), slot.len));
+        }
+        Ok(v)
     }
 
     fn matrix(
@@ -177,7 +291,23 @@ impl ExpertDecoder<ExpertWeights> for ExpertCodec {
             .and_then(Option::as_ref)
             .ok_or_else(|| format!("expert {key}: its layer has no routed experts"))?;
         let (l, want) = (&lc.layout, lc.want);
+        let bias = match &l.bias {
+            None => None,
+            Some([g, u, d]) => Some(ExpertBias {
+                gate: self
+                    .bias(g, &buf, piece_at)
+                    .map_err(|e| format!("gate_proj bias: {e}"))?,
+                up: self
+                    .bias(u, &buf, piece_at)
+                    .map_err(|e| format!("up_proj bias: {e}"))?,
+                down: self
+                    .bias(d, &buf, piece_at)
+                    .map_err(|e| format!("down_proj bias: {e}"))?,
+            }),
+        };
         Ok(ExpertWeights {
+            bias,
+            act: self.act,
             gate: self
                 .matrix(want, &l.gate, &buf, piece_at)
                 .map_err(|e| format!("gate_proj: {e}"))?,
@@ -231,6 +361,13 @@ impl ExpertNaming {
         format!("model.layers.{l}.{}.experts.{e}.{proj}.weight", self.block())
     }
 
+    /// The bias of `which` (0 gate, 1 up, 2 down) of expert `e` in layer `l`
+    /// (gpt-oss containers).
+    pub fn bias(self, l: usize, e: usize, which: usize) -> String {
+        let proj = self.projections()[which.min(2)];
+        format!("model.layers.{l}.{}.experts.{e}.{proj}.bias", self.block())
+    }
+
     /// The router weight of layer `l`.
     pub fn router(self, l: usize) -> String {
         format!("model.layers.{l}.{}.gate.weight", self.block())
@@ -282,11 +419,35 @@ pub fn checkpoint_expert(
             scales,
         })
     };
-    let layout = ExpertLayout {
-        gate: slot(0, inter, hidden)?,
-        up: slot(1, inter, hidden)?,
-        down: slot(2, hidden, inter)?,
+    let (gate, up, down) = (
+        slot(0, inter, hidden)?,
+        slot(1, inter, hidden)?,
+        slot(2, hidden, inter)?,
+    );
+    let (l, e) = (key.layer as usize, key.expert as usize);
+    let bias = if ck.has(&naming.bias(l, e, 0)) {
+        let mut slot = |which: usize, len: usize| -> Result<BiasSlot, ModelError> {
+            let name = naming.bias(l, e, which);
+            let meta = ck.info(&name)?;
+            if meta.shape != [len] {
+                return Err(ModelError::Weights(format!(
+                    "{name}: expected shape [{len}], found {:?}",
+                    meta.shape
+                )));
+            }
+            let data = (pieces.len(), meta.len as usize);
+            pieces.push(ck.piece(&name)?);
+            Ok(BiasSlot {
+                dtype: meta.dtype,
+                len,
+                data,
+            })
+        };
+        Some([slot(0, inter)?, slot(1, inter)?, slot(2, hidden)?])
+    } else {
+        None
     };
+    let layout = ExpertLayout { gate, up, down, bias };
     Ok((ExpertExtent { pieces }, layout))
 }
 

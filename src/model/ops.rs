@@ -34,8 +34,6 @@ pub fn softmax_inplace(x: &mut [f32]) {
     }
 }
 
-/// SiLU(x) = x · sigmoid(x).
-#[inline]
 /// `Σ a_i b_i` in a fixed order that vectorizes: 16 partial sums over the
 /// whole slices (lane `i % 16`), then those summed pairwise, then the tail.
 /// A plain left-to-right float sum is one long dependency chain the
@@ -62,6 +60,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc[0] + ar.iter().zip(br).map(|(x, y)| x * y).sum::<f32>()
 }
 
+/// SiLU(x) = x · sigmoid(x).
+#[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
@@ -89,21 +89,63 @@ pub fn argmax(x: &[f32]) -> usize {
 /// Rotary embedding tables for the "default" rope type, computed as
 /// transformers does: `inv_freq = 1 / theta^(2i/d)` in f32, angle =
 /// `pos · inv_freq` in f32.
+///
+/// `dim` is the number of rotated dimensions: the whole head, or its first
+/// part with a partial rotary factor (GLM-4.x); the rest passes through.
 #[derive(Clone, Debug)]
 pub struct Rope {
     inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    scale: f32,
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f64) -> Self {
-        let half = head_dim / 2;
-        let inv_freq = (0..half)
-            .map(|i| {
-                let exponent = (2 * i) as f32 / head_dim as f32;
-                1.0 / (theta as f32).powf(exponent)
+    pub fn new(dim: usize, theta: f64) -> Self {
+        Self {
+            inv_freq: base_freqs(dim, theta).iter().map(|p| 1.0 / p).collect(),
+            scale: 1.0,
+        }
+    }
+
+    /// YaRN (transformers' `_compute_yarn_parameters`): frequencies blend
+    /// from extrapolated (high frequencies) to interpolated by `factor`
+    /// (low frequencies) over a linear ramp between the correction
+    /// dimensions of `beta_fast` and `beta_slow` rotations; cos and sin are
+    /// scaled by the attention factor.
+    pub fn yarn(dim: usize, theta: f64, y: &crate::config::Yarn) -> Self {
+        let pos_freqs = base_freqs(dim, theta);
+        let correction = |rotations: f64| {
+            (dim as f64
+                * (y.original_max_position_embeddings as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln())
+                / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (correction(y.beta_fast), correction(y.beta_slow));
+        if y.truncate {
+            low = low.floor();
+            high = high.ceil();
+        }
+        let (low, high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+        let span = if low == high {
+            high + 0.001 - low
+        } else {
+            high - low
+        };
+        let factor = y.factor as f32;
+        let inv_freq = pos_freqs
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let ramp = ((i as f32 - low as f32) / span as f32).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                let interp = 1.0 / (factor * p);
+                let extrap = 1.0 / p;
+                interp * (1.0 - extrapolation) + extrap * extrapolation
             })
             .collect();
-        Self { inv_freq }
+        Self {
+            inv_freq,
+            scale: y.attention_factor as f32,
+        }
     }
 
     /// Rotates one head vector in place (rotate-half convention: pairs
@@ -113,6 +155,7 @@ impl Rope {
         for i in 0..half {
             let angle = pos as f32 * self.inv_freq[i];
             let (s, c) = angle.sin_cos();
+            let (s, c) = (s * self.scale, c * self.scale);
             let (a, b) = (v[i], v[i + half]);
             v[i] = a * c - b * s;
             v[i + half] = b * c + a * s;
@@ -130,6 +173,16 @@ impl Rope {
             v[2 * i + 1] = b * c + a * s;
         }
     }
+}
+
+/// `theta^(2i/dim)` for each rotated pair, in f32 as transformers computes it.
+fn base_freqs(dim: usize, theta: f64) -> Vec<f32> {
+    (0..dim / 2)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / dim as f32;
+            (theta as f32).powf(exponent)
+        })
+        .collect()
 }
 
 #[cfg(test)]

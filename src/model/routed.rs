@@ -32,6 +32,118 @@ impl Routing {
         }
         Self { experts, weights }
     }
+
+    /// gpt-oss: the `k` largest raw logits, then a softmax over just those.
+    pub fn top_k_softmax(router_logits: &[f32], k: usize) -> Self {
+        let experts = top_k(router_logits, k);
+        let mut weights: Vec<f32> = experts.iter().map(|&e| router_logits[e]).collect();
+        softmax_inplace(&mut weights);
+        Self { experts, weights }
+    }
+}
+
+/// The sigmoid router of DeepSeek-V3, GLM-4.x and GLM-5: the experts are
+/// split into `n_group` groups, groups are ranked by the sum of their two
+/// best biased scores and only the best `topk_group` groups compete.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupLimited {
+    pub n_group: usize,
+    pub topk_group: usize,
+    /// Divide the chosen scores by their sum (`norm_topk_prob`).
+    pub renorm: bool,
+    /// `routed_scaling_factor`, applied after the normalisation.
+    pub scale: f32,
+    /// The score an expert of a dropped group competes with: transformers'
+    /// GLM-4.x and DeepSeek-V3 fill with 0.0 (so a dropped expert can beat
+    /// a kept one whose biased score is negative), the GLM-5 engine with
+    /// minus infinity.
+    pub dropped: f32,
+}
+
+impl GroupLimited {
+    /// Sigmoid scores; the correction `bias` only steers the choice; the
+    /// weights are the unbiased scores, optionally normalised, times
+    /// `scale`. `k` may exceed the model's top-k (the pilot asks for more).
+    pub fn route(&self, bias: &[f32], logits: &[f32], k: usize) -> Routing {
+        let ne = logits.len();
+        let scores: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
+        let choice: Vec<f32> = scores
+            .iter()
+            .enumerate()
+            .map(|(e, s)| s + bias.get(e).copied().unwrap_or(0.0))
+            .collect();
+        let per = (ne / self.n_group.max(1)).max(1);
+        let group_scores: Vec<f32> = choice
+            .chunks(per)
+            .map(|g| top_k(g, 2).iter().map(|&i| g[i]).sum())
+            .collect();
+        let groups = top_k(&group_scores, self.topk_group);
+        let masked: Vec<f32> = choice
+            .iter()
+            .enumerate()
+            .map(|(e, &c)| {
+                if groups.contains(&(e / per)) {
+                    c
+                } else {
+                    self.dropped
+                }
+            })
+            .collect();
+        let limit = if self.dropped == f32::NEG_INFINITY {
+            per * self.topk_group
+        } else {
+            ne
+        };
+        let experts = top_k(&masked, k.min(limit));
+        let mut weights: Vec<f32> = experts.iter().map(|&e| scores[e]).collect();
+        if self.renorm {
+            let denom = weights.iter().sum::<f32>() + 1e-20;
+            for w in &mut weights {
+                *w /= denom;
+            }
+        }
+        for w in &mut weights {
+            *w *= self.scale;
+        }
+        Routing { experts, weights }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// How a Llama-style MoE layer turns router logits into a routing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Router {
+    /// Softmax over all experts, top-k, optionally renormalised (OLMoE,
+    /// Qwen3-MoE, Mixtral).
+    Softmax { renorm: bool },
+    /// Top-k of the logits, softmax over the chosen (gpt-oss).
+    TopKSoftmax,
+    /// Sigmoid with a correction bias and group-limited choice (GLM-4.x).
+    Sigmoid(GroupLimited),
+}
+
+impl Router {
+    /// The routing of one token's logits (router bias already added);
+    /// `correction` is the sigmoid router's `e_score_correction_bias`.
+    pub fn route(&self, logits: &[f32], correction: &[f32], k: usize) -> Routing {
+        match self {
+            Router::Softmax { renorm } => Routing::softmax_top_k(logits, k, *renorm),
+            Router::TopKSoftmax => Routing::top_k_softmax(logits, k),
+            Router::Sigmoid(g) => g.route(correction, logits, k),
+        }
+    }
+
+    /// The `k` experts most likely chosen, best first (the pilot's guess;
+    /// weights do not matter).
+    pub fn predict(&self, logits: &[f32], correction: &[f32], k: usize) -> Vec<usize> {
+        match self {
+            Router::Softmax { .. } | Router::TopKSoftmax => top_k(logits, k),
+            Router::Sigmoid(g) => g.route(correction, logits, k).experts,
+        }
+    }
 }
 
 /// `Σ_k w_k · expert_k(xn_t)` for every token `t` of a batch (`xn` is

@@ -10,7 +10,7 @@ use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp
 use crate::config::GlmConfig;
 use crate::config::glm::{IndexerKind, MlaFamily};
 use crate::model::ModelError;
-use crate::model::expert::{ExpertCodec, ExpertNaming, ExpertWeights, LayoutCollector, checkpoint_expert};
+use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert, load_swiglu};
 use crate::model::olmoe::LoadOptions;
 use crate::model::want::MatrixWant;
 use crate::quant::{QFormat, QMatrix};
@@ -62,21 +62,6 @@ pub fn mtp_format(requested: QFormat) -> QFormat {
 
 fn weights_err(name: &str, e: impl std::fmt::Display) -> ModelError {
     ModelError::Weights(format!("{name}: {e}"))
-}
-
-/// One SwiGLU MLP `prefix.{gate,up,down}_proj.weight`.
-fn swiglu(
-    ck: &Checkpoint,
-    prefix: &str,
-    h: usize,
-    inter: usize,
-    f: MatrixWant,
-) -> Result<ExpertWeights, ModelError> {
-    Ok(ExpertWeights {
-        gate: f.load(ck, &format!("{prefix}.gate_proj.weight"), inter, h)?,
-        up: f.load(ck, &format!("{prefix}.up_proj.weight"), inter, h)?,
-        down: f.load(ck, &format!("{prefix}.down_proj.weight"), h, inter)?,
-    })
 }
 
 fn f32_matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
@@ -143,7 +128,7 @@ fn load_layer(
     let mlp = if sparse {
         let e = cfg.n_routed_experts;
         let shared = if cfg.n_shared_experts > 0 {
-            Some(swiglu(
+            Some(load_swiglu(
                 ck,
                 &n("mlp.shared_experts"),
                 h,
@@ -164,7 +149,7 @@ fn load_layer(
             shared,
         })
     } else {
-        Mlp::Dense(swiglu(ck, &n("mlp"), h, cfg.intermediate_size, dense)?)
+        Mlp::Dense(load_swiglu(ck, &n("mlp"), h, cfg.intermediate_size, dense)?)
     };
     Ok(LayerWeights {
         input_norm: vec(n("input_layernorm.weight"), h)?,

@@ -7,53 +7,21 @@ use colibri_actors::{ExpertSource, SourceError, Tag};
 use super::weights::MoeWeights;
 use crate::config::GlmConfig;
 use crate::model::expert::ExpertWeights;
-use crate::model::ops::top_k;
 pub use crate::model::routed::Routing;
-use crate::model::routed::routed_sum;
+use crate::model::routed::{GroupLimited, routed_sum};
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// transformers' GlmMoeDsaTopkRouter: sigmoid scores; the correction bias
-/// only steers the choice; groups ranked by the sum of their two best biased
-/// scores, `topk_group` groups kept; top-k experts within them; weights are
-/// the unbiased scores, optionally normalised, times `routed_scaling_factor`.
+/// transformers' GlmMoeDsaTopkRouter, the shared [`GroupLimited`] router
+/// with the config's groups and scaling (dropped groups never compete).
 /// `k` overrides `num_experts_per_tok` (the pilot asks for more).
 pub fn route(cfg: &GlmConfig, bias: &[f32], logits: &[f32], k: usize) -> Routing {
-    let ne = logits.len();
-    let scores: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
-    let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
-    let per = ne / cfg.n_group;
-    let group_scores: Vec<f32> = choice
-        .chunks(per)
-        .map(|g| top_k(g, 2).iter().map(|&i| g[i]).sum())
-        .collect();
-    let groups = top_k(&group_scores, cfg.topk_group);
-    let masked: Vec<f32> = choice
-        .iter()
-        .enumerate()
-        .map(|(e, &c)| {
-            if groups.contains(&(e / per)) {
-                c
-            } else {
-                f32::NEG_INFINITY
-            }
-        })
-        .collect();
-    let experts = top_k(&masked, k.min(per * cfg.topk_group));
-    let mut weights: Vec<f32> = experts.iter().map(|&e| scores[e]).collect();
-    if cfg.norm_topk_prob {
-        let denom = weights.iter().sum::<f32>() + 1e-20;
-        for w in &mut weights {
-            *w /= denom;
-        }
+    GroupLimited {
+        n_group: cfg.n_group,
+        topk_group: cfg.topk_group,
+        renorm: cfg.norm_topk_prob,
+        scale: cfg.routed_scaling_factor as f32,
+        dropped: f32::NEG_INFINITY,
     }
-    let rsf = cfg.routed_scaling_factor as f32;
-    for w in &mut weights {
-        *w *= rsf;
-    }
-    Routing { experts, weights }
+    .route(bias, logits, k)
 }
 
 /// Adds the MoE output for `n` tokens to the residual `x` (`xn` are the
@@ -126,6 +94,7 @@ mod tests {
         bias[3] = 10.0;
         let r = route(&c, &bias, &logits, 2);
         assert_eq!(r.experts, vec![3, 2]);
+        let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
         assert!((r.weights[0] - 2.0 * sigmoid(-1.0)).abs() < 1e-6);
         assert!((r.weights[1] - 2.0 * sigmoid(2.0)).abs() < 1e-6);
     }

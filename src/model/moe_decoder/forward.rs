@@ -1,13 +1,14 @@
-//! The Qwen3-MoE / Mixtral forward pass over a batch of sequences, with
-//! routed experts fetched through an [`ExpertSource`].
+//! The forward pass of a Llama-style MoE decoder (Qwen3-MoE, Mixtral,
+//! GLM-4.x, gpt-oss) over a batch of sequences, with routed experts
+//! fetched through an [`ExpertSource`].
 
 use std::sync::Arc;
 
 use colibri_actors::{ExpertSource, Tag};
 
 use super::weights::{DenseWeights, Ffn};
-use crate::config::{DecoderKind, MoeDecoderConfig};
-use crate::model::attention::{AttnSpec, QkNorm, attend};
+use crate::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
+use crate::model::attention::{AttnSpec, QkNorm, add_bias, attend};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;
 use crate::model::lm::{
@@ -15,16 +16,18 @@ use crate::model::lm::{
     output_logits,
 };
 use crate::model::ops::{Rope, rms_norm};
-use crate::model::routed::{Routing, routed_sum};
+use crate::model::routed::{GroupLimited, Router, Routing, routed_sum};
 
-/// A Qwen3-MoE or Mixtral model ready to run: resident weights plus a
-/// source of experts.
+/// A Llama-style MoE decoder ready to run: resident weights plus a source
+/// of experts.
 pub struct MoeDecoder {
     pub cfg: MoeDecoderConfig,
     pub weights: Arc<DenseWeights>,
     pub source: Arc<dyn ExpertSource<ExpertWeights>>,
     rope: Rope,
-    attn: AttnSpec,
+    /// Per layer (the sliding window may differ between layers).
+    attn: Vec<AttnSpec>,
+    router: Router,
     /// Routing decisions of the last forward (per sparse layer, per token).
     pub last_routing: Vec<Vec<Routing>>,
 }
@@ -35,26 +38,34 @@ impl MoeDecoder {
         weights: Arc<DenseWeights>,
         source: Arc<dyn ExpertSource<ExpertWeights>>,
     ) -> Self {
-        let rope = Rope::new(cfg.head_dim, cfg.rope_theta);
-        let attn = AttnSpec {
-            hidden: cfg.hidden_size,
-            heads: cfg.num_attention_heads,
-            kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-            eps: cfg.rms_norm_eps as f32,
-            qk_norm: match cfg.kind {
-                DecoderKind::Qwen3Moe => QkNorm::PerHead,
-                DecoderKind::Mixtral => QkNorm::None,
-            },
-            clip: None,
-            window: cfg.sliding_window,
+        let rope = match &cfg.yarn {
+            Some(y) => Rope::yarn(cfg.rotary_dim, cfg.rope_theta, y),
+            None => Rope::new(cfg.rotary_dim, cfg.rope_theta),
         };
+        let attn = (0..weights.layers.len())
+            .map(|l| AttnSpec {
+                hidden: cfg.hidden_size,
+                heads: cfg.num_attention_heads,
+                kv_heads: cfg.num_key_value_heads,
+                head_dim: cfg.head_dim,
+                eps: cfg.rms_norm_eps as f32,
+                qk_norm: if cfg.qk_norm {
+                    QkNorm::PerHead
+                } else {
+                    QkNorm::None
+                },
+                clip: None,
+                window: cfg.window(l),
+            })
+            .collect();
+        let router = router_of(&cfg);
         Self {
             cfg,
             weights,
             source,
             rope,
             attn,
+            router,
             last_routing: Vec::new(),
         }
     }
@@ -79,9 +90,11 @@ impl MoeDecoder {
         let pass = Pass {
             vocab: cfg.vocab_size,
             max_positions: cfg.max_position_embeddings,
+            hidden: cfg.hidden_size,
+            eps: cfg.rms_norm_eps as f32,
             num_experts: cfg.num_experts,
             top_k: cfg.num_experts_per_tok,
-            renorm: cfg.norm_topk_prob,
+            router: self.router,
             attn: &self.attn,
             rope: &self.rope,
         };
@@ -91,17 +104,41 @@ impl MoeDecoder {
     }
 }
 
+/// The router a decoder config describes.
+pub(crate) fn router_of(cfg: &MoeDecoderConfig) -> Router {
+    match cfg.router {
+        RouterChoice::Softmax => Router::Softmax {
+            renorm: cfg.norm_topk_prob,
+        },
+        RouterChoice::TopKSoftmax => Router::TopKSoftmax,
+        RouterChoice::Sigmoid {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+        } => Router::Sigmoid(GroupLimited {
+            n_group,
+            topk_group,
+            renorm: cfg.norm_topk_prob,
+            scale: routed_scaling_factor as f32,
+            // transformers' Glm4MoeTopkRouter fills dropped groups with 0.
+            dropped: 0.0,
+        }),
+    }
+}
+
 /// What a pass of a Llama-style MoE decoder needs besides its weights
 /// (shared with OLMoE, whose layers are this decoder's with full-width q/k
 /// norms and `clip_qkv`).
 pub(crate) struct Pass<'a> {
     pub vocab: usize,
     pub max_positions: usize,
+    pub hidden: usize,
+    pub eps: f32,
     pub num_experts: usize,
     pub top_k: usize,
-    /// Renormalise the top-k probabilities (`norm_topk_prob`; Mixtral always).
-    pub renorm: bool,
-    pub attn: &'a AttnSpec,
+    pub router: Router,
+    /// One spec per layer.
+    pub attn: &'a [AttnSpec],
     pub rope: &'a Rope,
 }
 
@@ -118,8 +155,8 @@ pub(crate) fn run_pass(
     seqs: &mut [(&[u32], &mut KvCache, Logits)],
     tag: Tag,
 ) -> Result<PassOutput, ForwardError> {
-    let hidden = p.attn.hidden;
-    let eps = p.attn.eps;
+    let hidden = p.hidden;
+    let eps = p.eps;
     let layers = w.layers.len();
     for (tokens, kv, _) in seqs.iter() {
         check_tokens(tokens, kv.len(), p.vocab, p.max_positions)?;
@@ -148,7 +185,7 @@ pub(crate) fn run_pass(
         norm_rows(&x, &lw.input_norm, &mut xn);
         let attn = {
             let _s = tracing::trace_span!("attention", layer = l).entered();
-            attend(p.attn, &lw.attn, p.rope, l, &xn, &mut parts)
+            attend(&p.attn[l], &lw.attn, p.rope, l, &xn, &mut parts)
         };
         for (a, b) in x.iter_mut().zip(&attn) {
             *a += b;
@@ -164,15 +201,28 @@ pub(crate) fn run_pass(
                 mlp.forward(&xn, n, &mut y);
                 y
             }
-            Ffn::Moe { router } => {
+            Ffn::Moe {
+                router,
+                router_bias,
+                correction,
+                shared,
+            } => {
                 let ne = p.num_experts;
                 let mut logits = vec![0f32; n * ne];
                 router.matmul(&xn, n, &mut logits);
+                add_bias(&mut logits, router_bias);
                 let routes: Vec<Routing> = logits
                     .chunks_exact(ne)
-                    .map(|r| Routing::softmax_top_k(r, p.top_k, p.renorm))
+                    .map(|r| p.router.route(r, correction, p.top_k))
                     .collect();
-                let acc = routed_sum(source, tag.at_layer(l as u32), &routes, ne, &xn, hidden)?;
+                let mut acc = routed_sum(source, tag.at_layer(l as u32), &routes, ne, &xn, hidden)?;
+                if let Some(shared) = shared {
+                    let mut y = vec![0f32; n * hidden];
+                    shared.forward(&xn, n, &mut y);
+                    for (a, b) in acc.iter_mut().zip(&y) {
+                        *a += b;
+                    }
+                }
                 routing.push(routes);
                 acc
             }
@@ -205,6 +255,8 @@ impl LanguageModel for MoeDecoder {
             match c.kind {
                 DecoderKind::Qwen3Moe => 0x5177_656e_334d, // "Qwen3M"
                 DecoderKind::Mixtral => 0x4d69_7874_7261,  // "Mixtra"
+                DecoderKind::Glm4Moe => 0x476c_6d34_4d6f,  // "Glm4Mo"
+                DecoderKind::GptOss => 0x4770_744f_7373,   // "GptOss"
             },
             c.vocab_size as u64,
             c.hidden_size as u64,
@@ -215,6 +267,7 @@ impl LanguageModel for MoeDecoder {
             c.num_experts as u64,
             c.moe_intermediate_size as u64,
             c.sliding_window.unwrap_or(0) as u64,
+            c.rotary_dim as u64,
         ])
     }
     fn new_state(&self) -> Box<dyn SequenceState> {

@@ -1,16 +1,19 @@
-//! Building a Qwen3-MoE or Mixtral model from a checkpoint or container: the
-//! dense weights are loaded (and quantized) once; the routed experts become
-//! an expert map of byte ranges for the runtime.
+//! Building a Qwen3-MoE, Mixtral, GLM-4.x or gpt-oss model from a
+//! checkpoint or container: the dense weights are loaded (and quantized)
+//! once; the routed experts become an expert map of byte ranges for the
+//! runtime.
 
 use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
 use super::weights::{DenseWeights, Ffn, LayerWeights};
-use crate::config::{DecoderKind, MoeDecoderConfig};
+use crate::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use crate::model::ModelError;
-use crate::model::attention::AttnWeights;
-use crate::model::expert::{ExpertCodec, ExpertNaming, ExpertWeights, LayoutCollector, checkpoint_expert};
+use crate::model::attention::{AttnBias, AttnWeights};
+use crate::model::expert::{
+    Activation, ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert, load_swiglu,
+};
 use crate::model::olmoe::LoadOptions;
 use crate::quant::QMatrix;
 use crate::st::Checkpoint;
@@ -18,8 +21,19 @@ use crate::st::Checkpoint;
 /// How the family names its routed experts and routers.
 pub fn naming(cfg: &MoeDecoderConfig) -> ExpertNaming {
     match cfg.kind {
-        DecoderKind::Qwen3Moe => ExpertNaming::Mlp,
+        DecoderKind::Qwen3Moe | DecoderKind::Glm4Moe | DecoderKind::GptOss => ExpertNaming::Mlp,
         DecoderKind::Mixtral => ExpertNaming::BlockSparse,
+    }
+}
+
+/// The router weight (and bias, for gpt-oss) of layer `l`.
+fn router_names(cfg: &MoeDecoderConfig, l: usize) -> (String, Option<String>) {
+    match cfg.kind {
+        DecoderKind::GptOss => (
+            format!("model.layers.{l}.mlp.router.weight"),
+            Some(format!("model.layers.{l}.mlp.router.bias")),
+        ),
+        _ => (naming(cfg).router(l), None),
     }
 }
 
@@ -34,7 +48,6 @@ pub fn load_dense(
     let q_dim = cfg.num_attention_heads * hd;
     let kv_dim = cfg.num_key_value_heads * hd;
     let dense = opts.dense();
-    let names = naming(cfg);
     let vec = |name: &str, n: usize| ck.f32_tensor(name, &[n]);
     let mat = |name: &str, rows: usize, cols: usize| dense.load(ck, name, rows, cols);
 
@@ -42,25 +55,55 @@ pub fn load_dense(
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         let n = |rest: &str| format!("model.layers.{l}.{rest}");
-        let (q_norm, k_norm) = match cfg.kind {
-            DecoderKind::Qwen3Moe => (
+        let (q_norm, k_norm) = if cfg.qk_norm {
+            (
                 vec(&n("self_attn.q_norm.weight"), hd)?,
                 vec(&n("self_attn.k_norm.weight"), hd)?,
-            ),
-            DecoderKind::Mixtral => (Vec::new(), Vec::new()),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let mut bias = AttnBias::default();
+        if cfg.qkv_bias {
+            bias.q = vec(&n("self_attn.q_proj.bias"), q_dim)?;
+            bias.k = vec(&n("self_attn.k_proj.bias"), kv_dim)?;
+            bias.v = vec(&n("self_attn.v_proj.bias"), kv_dim)?;
+        }
+        if cfg.o_bias {
+            bias.o = vec(&n("self_attn.o_proj.bias"), h)?;
+        }
+        let sinks = if cfg.attention_sinks {
+            vec(&n("self_attn.sinks"), cfg.num_attention_heads)?
+        } else {
+            Vec::new()
         };
         let ffn = if cfg.is_sparse(l) {
-            let name = names.router(l);
-            let router = QMatrix::from_f32(cfg.num_experts, h, ck.f32_tensor(&name, &[cfg.num_experts, h])?)
+            let ne = cfg.num_experts;
+            let (name, bias_name) = router_names(cfg, l);
+            let router = QMatrix::from_f32(ne, h, ck.f32_tensor(&name, &[ne, h])?)
                 .map_err(|e| ModelError::Weights(format!("{name}: {e}")))?;
-            Ffn::Moe { router }
+            let router_bias = match bias_name {
+                Some(b) => vec(&b, ne)?,
+                None => Vec::new(),
+            };
+            let (correction, shared) = match cfg.router {
+                RouterChoice::Sigmoid { .. } => (
+                    vec(&n("mlp.gate.e_score_correction_bias"), ne)?,
+                    match cfg.shared_intermediate {
+                        0 => None,
+                        inter => Some(load_swiglu(ck, &n("mlp.shared_experts"), h, inter, dense)?),
+                    },
+                ),
+                _ => (Vec::new(), None),
+            };
+            Ffn::Moe {
+                router,
+                router_bias,
+                correction,
+                shared,
+            }
         } else {
-            let inter = cfg.intermediate_size;
-            Ffn::Dense(ExpertWeights {
-                gate: mat(&n("mlp.gate_proj.weight"), inter, h)?,
-                up: mat(&n("mlp.up_proj.weight"), inter, h)?,
-                down: mat(&n("mlp.down_proj.weight"), h, inter)?,
-            })
+            Ffn::Dense(load_swiglu(ck, &n("mlp"), h, cfg.intermediate_size, dense)?)
         };
         layers.push(LayerWeights {
             input_norm: vec(&n("input_layernorm.weight"), h)?,
@@ -71,6 +114,8 @@ pub fn load_dense(
                 o: mat(&n("self_attn.o_proj.weight"), h, q_dim)?,
                 q_norm,
                 k_norm,
+                bias,
+                sinks,
             },
             post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
             ffn,
@@ -106,6 +151,19 @@ pub fn expert_map(
 ) -> Result<(ExpertMap, ExpertCodec), ModelError> {
     let (h, inter) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let names = naming(cfg);
+    if cfg.kind == DecoderKind::GptOss
+        && let Some(l) = (0..cfg.num_hidden_layers).find(|&l| cfg.is_sparse(l))
+    {
+        for fused in ["gate_up_proj", "gate_up_proj_blocks"] {
+            let name = format!("model.layers.{l}.mlp.experts.{fused}");
+            if ck.has(&name) {
+                return Err(ModelError::Weights(format!(
+                    "{name}: this is a gpt-oss checkpoint with fused experts; run `coli convert` on it \
+                     first (it splits the experts, and reads MXFP4 or BF16)"
+                )));
+            }
+        }
+    }
     let mut map = ExpertMap::new(ck.files().to_vec(), cfg.num_hidden_layers, cfg.num_experts);
     let mut layouts = LayoutCollector::new(cfg.num_hidden_layers);
     for l in (0..cfg.num_hidden_layers).filter(|&l| cfg.is_sparse(l)) {
@@ -120,6 +178,10 @@ pub fn expert_map(
     let codec = layouts
         .finish(|_| opts.expert_format)
         .map_err(ModelError::Weights)?
-        .with_int8_acts(opts.int8_acts);
+        .with_int8_acts(opts.int8_acts)
+        .with_activation(match cfg.swiglu_limit {
+            Some(limit) => Activation::gpt_oss(limit as f32),
+            None => Activation::SiluGlu,
+        });
     Ok((map, codec))
 }

@@ -1,4 +1,5 @@
-//! The resident (dense) weights of a Qwen3-MoE or Mixtral model.
+//! The resident (dense) weights of a Llama-style MoE decoder (Qwen3-MoE,
+//! Mixtral, GLM-4.x, gpt-oss; OLMoE's layers too).
 
 use std::sync::Arc;
 
@@ -11,7 +12,15 @@ use crate::quant::QMatrix;
 pub enum Ffn {
     /// Routed experts (streamed); the router `[num_experts, hidden]` stays
     /// f32 (quantizing it would change the routing).
-    Moe { router: QMatrix },
+    Moe {
+        router: QMatrix,
+        /// Added to the router logits (gpt-oss); empty: none.
+        router_bias: Vec<f32>,
+        /// The sigmoid router's `e_score_correction_bias` (GLM-4.x); empty: none.
+        correction: Vec<f32>,
+        /// The always-on shared expert (GLM-4.x), resident.
+        shared: Option<ExpertWeights>,
+    },
     /// A dense SwiGLU MLP (Qwen3 `mlp_only_layers` / `decoder_sparse_step`).
     Dense(ExpertWeights),
 }
@@ -44,7 +53,16 @@ impl DenseWeights {
                 l.attn.resident_bytes()
                     + (l.input_norm.len() + l.post_norm.len()) * 4
                     + match &l.ffn {
-                        Ffn::Moe { router } => router.resident_bytes(),
+                        Ffn::Moe {
+                            router,
+                            router_bias,
+                            correction,
+                            shared,
+                        } => {
+                            router.resident_bytes()
+                                + (router_bias.len() + correction.len()) * 4
+                                + shared.as_ref().map_or(0, ExpertWeights::resident_bytes)
+                        }
                         Ffn::Dense(mlp) => mlp.resident_bytes(),
                     }
             })

@@ -15,7 +15,7 @@ use crate::model::lm::{
 };
 use crate::model::moe_decoder::{DenseWeights, Pass, run_pass};
 use crate::model::ops::Rope;
-use crate::model::routed::Routing;
+use crate::model::routed::{Router, Routing};
 
 /// An OLMoE model ready to run: resident weights plus a source of experts.
 pub struct Olmoe {
@@ -23,7 +23,8 @@ pub struct Olmoe {
     pub weights: Arc<DenseWeights>,
     pub source: Arc<dyn ExpertSource<ExpertWeights>>,
     rope: Rope,
-    attn: AttnSpec,
+    /// One per layer (all equal).
+    attn: Vec<AttnSpec>,
     /// Routing decisions of the last forward (per layer, per token), kept
     /// for statistics and tests.
     pub last_routing: Vec<Vec<Routing>>,
@@ -46,6 +47,7 @@ impl Olmoe {
             clip: cfg.clip_qkv.map(|c| c as f32),
             window: None,
         };
+        let attn = vec![attn; weights.layers.len()];
         Self {
             cfg,
             weights,
@@ -89,9 +91,13 @@ impl Olmoe {
         let pass = Pass {
             vocab: cfg.vocab_size,
             max_positions: cfg.max_position_embeddings,
+            hidden: cfg.hidden_size,
+            eps: cfg.rms_norm_eps as f32,
             num_experts: cfg.num_experts,
             top_k: cfg.num_experts_per_tok,
-            renorm: cfg.norm_topk_prob,
+            router: Router::Softmax {
+                renorm: cfg.norm_topk_prob,
+            },
             attn: &self.attn,
             rope: &self.rope,
         };

@@ -72,6 +72,8 @@ pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Resu
                 o: mat(&n("self_attn.o_proj.weight"), h, q_dim, dense)?,
                 q_norm: vec(&n("self_attn.q_norm.weight"), q_dim)?,
                 k_norm: vec(&n("self_attn.k_norm.weight"), kv_dim)?,
+                bias: Default::default(),
+                sinks: Vec::new(),
             },
             post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
             ffn: Ffn::Moe {
@@ -81,6 +83,9 @@ pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Resu
                     ck.f32_tensor(&n("mlp.gate.weight"), &[cfg.num_experts, h])?,
                 )
                 .map_err(|e| ModelError::Weights(format!("{}: {e}", n("mlp.gate.weight"))))?,
+                router_bias: Vec::new(),
+                correction: Vec::new(),
+                shared: None,
             },
         });
     }

@@ -1,0 +1,315 @@
+//! gpt-oss (`model_type: "gpt_oss"`): a Llama-style decoder with biases on
+//! every attention projection, one learned attention sink per head,
+//! alternating sliding-window and full attention (`layer_types`), YaRN
+//! RoPE, a biased router whose top-k logits are softmaxed, and experts with
+//! biases and a clamped SwiGLU. Parsed into the shared [`MoeDecoderConfig`].
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::moe_decoder::{RouterChoice, Yarn, check_act, check_counts};
+use super::{ConfigError, DecoderKind, MoeDecoderConfig};
+
+/// `config.json` of a gpt-oss checkpoint (defaults are `GptOssConfig`'s).
+#[derive(Deserialize)]
+struct GptOssJson {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default = "default_head_dim")]
+    head_dim: usize,
+    #[serde(default = "default_max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_parameters: Option<serde_json::Value>,
+    /// Absent: transformers' default YaRN; `null`: plain RoPE.
+    #[serde(default = "default_yarn")]
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    num_local_experts: usize,
+    num_experts_per_tok: usize,
+    #[serde(default = "default_window")]
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "default_limit")]
+    swiglu_limit: f64,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    eos_token_id: Option<serde_json::Value>,
+}
+
+const COUNT_FIELDS: [&str; 11] = [
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "sliding_window",
+];
+
+fn default_head_dim() -> usize {
+    64
+}
+fn default_max_pos() -> usize {
+    131072
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_window() -> Option<usize> {
+    Some(128)
+}
+fn default_limit() -> f64 {
+    7.0
+}
+fn default_yarn() -> Option<serde_json::Value> {
+    Some(serde_json::json!({
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": false, "original_max_position_embeddings": 4096
+    }))
+}
+
+/// Parses and validates a `gpt_oss` config.
+pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConfig, ConfigError> {
+    let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        field,
+        reason,
+    };
+    check_counts(path, &value, &COUNT_FIELDS)?;
+    let j: GptOssJson = serde_json::from_value(value).map_err(|source| ConfigError::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    check_act(path, j.hidden_act.as_deref())?;
+    let scaling = j.rope_parameters.as_ref().or(j.rope_scaling.as_ref());
+    let yarn = match super::rope_kind(scaling, None).as_deref() {
+        None | Some("default") => None,
+        Some("yarn") => Some(yarn(path, scaling, j.max_position_embeddings)?),
+        Some(other) => {
+            return Err(bad(
+                "rope_scaling",
+                format!("rope type {other:?} is not supported for gpt_oss (default or yarn)"),
+            ));
+        }
+    };
+    let sliding_layers = match &j.layer_types {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(bad(
+                    "layer_types",
+                    format!("{other:?} is not a layer type (sliding_attention or full_attention)"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        // transformers: even layers slide, odd ones attend fully.
+        None => (0..j.num_hidden_layers.min(super::COUNT_LIMIT))
+            .map(|l| l % 2 == 0)
+            .collect(),
+    };
+    let heads = j.num_attention_heads;
+    let theta = j
+        .rope_theta
+        .or_else(|| j.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
+        .unwrap_or(150000.0);
+    let cfg = MoeDecoderConfig {
+        model_type: "gpt_oss".into(),
+        kind: DecoderKind::GptOss,
+        vocab_size: j.vocab_size,
+        hidden_size: j.hidden_size,
+        num_hidden_layers: j.num_hidden_layers,
+        num_attention_heads: heads,
+        num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
+        head_dim: j.head_dim,
+        max_position_embeddings: j.max_position_embeddings,
+        rope_theta: theta,
+        rms_norm_eps: j.rms_norm_eps,
+        num_experts: j.num_local_experts,
+        num_experts_per_tok: j.num_experts_per_tok,
+        moe_intermediate_size: j.intermediate_size,
+        intermediate_size: j.intermediate_size,
+        norm_topk_prob: false,
+        decoder_sparse_step: 1,
+        mlp_only_layers: Vec::new(),
+        sliding_window: j.sliding_window,
+        tie_word_embeddings: j.tie_word_embeddings,
+        eos_token_id: j.eos_token_id,
+        qkv_bias: true,
+        o_bias: true,
+        qk_norm: false,
+        rotary_dim: j.head_dim,
+        yarn,
+        router: RouterChoice::TopKSoftmax,
+        shared_intermediate: 0,
+        first_k_dense_replace: 0,
+        sliding_layers,
+        attention_sinks: true,
+        swiglu_limit: Some(j.swiglu_limit),
+        num_nextn_predict_layers: 0,
+    };
+    cfg.validate(path)?;
+    Ok(cfg)
+}
+
+/// transformers' `_compute_yarn_parameters` inputs from a `rope_scaling`
+/// object.
+fn yarn(path: &Path, scaling: Option<&serde_json::Value>, max_pos: usize) -> Result<Yarn, ConfigError> {
+    let bad = |reason: String| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        field: "rope_scaling",
+        reason,
+    };
+    let get = |k: &str| scaling.and_then(|s| s.get(k)).filter(|v| !v.is_null());
+    let num = |k: &str| -> Result<Option<f64>, ConfigError> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| bad(format!("yarn {k} must be a number, got {v}"))),
+        }
+    };
+    let factor = num("factor")?.ok_or_else(|| bad("yarn needs a factor".into()))?;
+    let mscale_of = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = match (num("attention_factor")?, num("mscale")?, num("mscale_all_dim")?) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale_of(factor, m) / mscale_of(factor, all),
+        _ => mscale_of(factor, 1.0),
+    };
+    // transformers: `get(..) or default`, so 0 also means the default.
+    let or = |v: Option<f64>, d: f64| v.filter(|&x| x != 0.0).unwrap_or(d);
+    let original = match get("original_max_position_embeddings") {
+        None => max_pos,
+        Some(v) => match v.as_u64() {
+            Some(0) => max_pos,
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => {
+                return Err(bad(format!(
+                    "yarn original_max_position_embeddings must be a non-negative integer, got {v}"
+                )));
+            }
+        },
+    };
+    let truncate = match get("truncate") {
+        None => true,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| bad(format!("yarn truncate must be true or false, got {v}")))?,
+    };
+    Ok(Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: or(num("beta_fast")?, 32.0),
+        beta_slow: or(num("beta_slow")?, 1.0),
+        truncate,
+        attention_factor,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn gpt_oss() -> serde_json::Value {
+        serde_json::json!({
+            "model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": false, "original_max_position_embeddings": 32},
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]
+        })
+    }
+
+    #[test]
+    fn parses_the_gpt_oss_options() {
+        let c = from_json(Path::new("c.json"), gpt_oss()).unwrap();
+        assert_eq!(c.kind, DecoderKind::GptOss);
+        assert_eq!(c.sliding_layers, vec![true, false, true]);
+        assert_eq!((c.window(0), c.window(1)), (Some(5), None));
+        let y = c.yarn.unwrap();
+        assert_eq!(y.original_max_position_embeddings, 32);
+        assert!((y.attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        assert!(!y.truncate);
+        assert_eq!(c.swiglu_limit, Some(7.0));
+        assert_eq!(c.rope_theta, 150000.0);
+        // No layer_types: transformers alternates, sliding first.
+        let mut v = gpt_oss();
+        v.as_object_mut().map(|o| o.remove("layer_types"));
+        let c = from_json(Path::new("c.json"), v).unwrap();
+        assert_eq!(c.sliding_layers, vec![true, false, true]);
+        // rope_scaling absent: the default YaRN; null: plain RoPE.
+        let mut v = gpt_oss();
+        v.as_object_mut().map(|o| o.remove("rope_scaling"));
+        let c = from_json(Path::new("c.json"), v).unwrap();
+        assert_eq!(c.yarn.map(|y| y.factor), Some(32.0));
+        let mut v = gpt_oss();
+        v["rope_scaling"] = serde_json::Value::Null;
+        assert_eq!(from_json(Path::new("c.json"), v).unwrap().yarn, None);
+    }
+
+    #[test]
+    fn refuses_bad_values_by_name() {
+        for (field, val) in [
+            ("layer_types", serde_json::json!(["sliding_attention"])),
+            (
+                "layer_types",
+                serde_json::json!(["sliding_attention", "chunked", "full_attention"]),
+            ),
+            (
+                "rope_scaling",
+                serde_json::json!({"rope_type": "longrope", "factor": 4.0}),
+            ),
+            ("rope_scaling", serde_json::json!({"rope_type": "yarn"})),
+            (
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": -2.0}),
+            ),
+            (
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": 2.0, "truncate": 3}),
+            ),
+            ("swiglu_limit", serde_json::json!(-1.0)),
+            ("sliding_window", serde_json::json!(0)),
+            ("sliding_window", serde_json::json!(-5)),
+            ("num_local_experts", serde_json::json!(0)),
+            ("head_dim", serde_json::json!(0)),
+            ("hidden_act", serde_json::json!("relu")),
+        ] {
+            let mut v = gpt_oss();
+            v[field] = val.clone();
+            let e = from_json(Path::new("c.json"), v).unwrap_err();
+            assert!(e.to_string().contains(field), "{field}={val}: {e}");
+        }
+        let mut v = gpt_oss();
+        v["sliding_window"] = serde_json::Value::Null;
+        let e = from_json(Path::new("c.json"), v).unwrap_err();
+        assert!(e.to_string().contains("sliding_window"), "{e}");
+    }
+}
