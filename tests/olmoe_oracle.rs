@@ -12,6 +12,8 @@ fn fixtures() -> Vec<PathBuf> {
         .expect("fixtures/ exists")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.join("REF.json").is_file() && p.join("config.json").is_file())
+        // gpt-oss checkpoints run only once converted (tests/glm4_gptoss_oracle.rs).
+        .filter(|p| !std::fs::read_to_string(p.join("config.json")).is_ok_and(|c| c.contains("\"gpt_oss\"")))
         .collect();
     dirs.sort();
     assert!(
@@ -72,7 +74,13 @@ fn int8_activations_stay_close_to_the_oracle() {
         int8_acts: true,
         ..EngineOptions::default()
     };
-    for dir in fixtures() {
+    // Fixtures with an int8 round-trip oracle are held to it exactly on the
+    // f32-activation path instead (tests/glm4_gptoss_oracle.rs); their
+    // margins are narrower than int8 activations' error.
+    for dir in fixtures()
+        .into_iter()
+        .filter(|d| !std::fs::read_to_string(d.join("REF.json")).is_ok_and(|r| r.contains("int8_full_ids")))
+    {
         check(&dir, &opts, 1, 2);
     }
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny");

@@ -422,6 +422,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "fixtures"))
     ap.add_argument("--only", default=None)
+    ap.add_argument("--seed", type=int, default=None, help="try only this seed")
+    ap.add_argument("--scale", type=float, default=None, help="try only this scale")
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     summary = {}
@@ -429,7 +431,12 @@ def main():
         if args.only and name != args.only:
             continue
         print(f"{name}: searching", flush=True)
-        seed, scale, model, prompt, packed, r = choose(name, **PLANS[name])
+        plan = dict(PLANS[name])
+        if args.seed is not None:
+            plan["seeds"] = [args.seed]
+        if args.scale is not None:
+            plan["scales"] = [args.scale]
+        seed, scale, model, prompt, packed, r = choose(name, **plan)
         d = os.path.join(out, name)
         shutil.rmtree(d, ignore_errors=True)
         write_checkpoint(model, spec["arch"], d, packed)

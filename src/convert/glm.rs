@@ -52,6 +52,8 @@ pub(crate) fn spec(
         metadata.push(("mtp_dense", mtp_format(dense).to_string()));
     }
     Ok(ModelSpec {
+        fused: super::plan::FusedLayout::Stacked,
+        expert_bias: false,
         expert_layers,
         n_experts: cfg.n_routed_experts,
         hidden: cfg.hidden_size,

@@ -37,6 +37,24 @@ pub(crate) struct ModelSpec {
     pub metadata: Vec<(&'static str, String)>,
     /// How routed experts are named (read and written under the same names).
     pub naming: ExpertNaming,
+    /// How the input may fuse the experts of a layer into one tensor.
+    pub fused: FusedLayout,
+    /// Routed experts carry gate/up/down biases (written as
+    /// `….experts.E.{gate,up,down}_proj.bias`).
+    pub expert_bias: bool,
+}
+
+/// The fused expert tensors a family's checkpoints may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FusedLayout {
+    /// transformers 5: `mlp.experts.gate_up_proj [E, 2I, H]` (gate rows,
+    /// then up rows) and `mlp.experts.down_proj [E, H, I]`.
+    Stacked,
+    /// gpt-oss: `gate_up_proj [E, H, 2I]` with gate and up interleaved
+    /// column by column, `down_proj [E, I, H]` (input-major), their biases
+    /// `gate_up_proj_bias [E, 2I]` and `down_proj_bias [E, H]`, or the
+    /// MXFP4 form `{gate_up,down}_proj_{blocks,scales}` (output-major).
+    GptOss,
 }
 
 impl ModelSpec {
@@ -57,19 +75,25 @@ impl ModelSpec {
             }),
             metadata: Vec::new(),
             naming: ExpertNaming::Mlp,
+            fused: FusedLayout::Stacked,
+            expert_bias: false,
         }
     }
 
-    /// Qwen3-MoE / Mixtral: routed experts in the sparse layers (Qwen3's
-    /// dense MLP layers are ordinary dense tensors), one format for all,
-    /// under the family's own expert names.
+    /// Qwen3-MoE / Mixtral / GLM-4.x / gpt-oss: routed experts in the
+    /// sparse layers (dense MLP layers are ordinary dense tensors), one
+    /// format for all, under the family's own expert names. GLM-4.x's
+    /// next-token layers after the main ones are kept (with experts).
     pub fn moe_decoder(cfg: &MoeDecoderConfig, experts: QFormat, dense: QFormat) -> Self {
+        let mut expert_layers = cfg.sparse_layers();
+        expert_layers.resize(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, true);
+        let gpt_oss = cfg.kind == crate::config::DecoderKind::GptOss;
         Self {
-            expert_layers: cfg.sparse_layers(),
+            expert_format: vec![experts; expert_layers.len()],
+            expert_layers,
             n_experts: cfg.num_experts,
             hidden: cfg.hidden_size,
             inter: cfg.moe_intermediate_size,
-            expert_format: vec![experts; cfg.num_hidden_layers],
             dense_format: Box::new(move |name, shape| {
                 if keeps_f32(name, shape) {
                     QFormat::F32
@@ -79,6 +103,12 @@ impl ModelSpec {
             }),
             metadata: vec![("model_type", cfg.model_type.clone())],
             naming: crate::model::moe_decoder::naming(cfg),
+            fused: if gpt_oss {
+                FusedLayout::GptOss
+            } else {
+                FusedLayout::Stacked
+            },
+            expert_bias: gpt_oss,
         }
     }
 
@@ -148,6 +178,60 @@ pub(crate) struct Source {
     /// The `_scale_inv` block-scale tensor of an `F8_E4M3` weight (consumed,
     /// never copied: the weight is dequantized through it).
     pub scale_inv: Option<String>,
+    /// How the output's values are picked from the input's.
+    pub view: View,
+}
+
+/// Which input elements make the output, in output order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum View {
+    /// `elems` consecutive elements from `elem_start`.
+    Contiguous,
+    /// Output `(r, c)` of a `[rows, cols]` result is input element
+    /// `elem_start + r·row_stride + c·col_stride` (gpt-oss's transposed and
+    /// interleaved experts).
+    Strided {
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        col_stride: usize,
+    },
+    /// As `Strided`, over the values an MXFP4 tensor (`tensor` holds the
+    /// `_blocks`, two FP4 values a byte, low nibble first) decodes to with
+    /// its `_scales` (one biased power-of-two exponent per 32 values).
+    Mxfp4 {
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        col_stride: usize,
+    },
+}
+
+impl View {
+    /// The largest input element index the view reads, plus one.
+    pub fn end(self, start: usize, elems: usize) -> usize {
+        match self {
+            View::Contiguous => start + elems,
+            View::Strided {
+                rows,
+                cols,
+                row_stride,
+                col_stride,
+            }
+            | View::Mxfp4 {
+                rows,
+                cols,
+                row_stride,
+                col_stride,
+            } => {
+                if rows == 0 || cols == 0 {
+                    start
+                } else {
+                    start + (rows - 1) * row_stride + (cols - 1) * col_stride + 1
+                }
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -277,6 +361,174 @@ fn split_fused(name: &str) -> Option<(usize, bool)> {
     Some((l.parse().ok()?, is_down))
 }
 
+/// The parts of gpt-oss's fused expert tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GptOssPart {
+    GateUp,
+    Down,
+    GateUpBias,
+    DownBias,
+    GateUpBlocks,
+    DownBlocks,
+    /// `_scales` of an MXFP4 tensor: consumed by its `_blocks`.
+    Scales,
+}
+
+/// `model.layers.L.mlp.experts.<part>` -> (L, part).
+fn gpt_oss_fused(name: &str) -> Option<(usize, GptOssPart)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (l, rest) = rest.split_once('.')?;
+    let part = match rest.strip_prefix("mlp.experts.")? {
+        "gate_up_proj" => GptOssPart::GateUp,
+        "down_proj" => GptOssPart::Down,
+        "gate_up_proj_bias" => GptOssPart::GateUpBias,
+        "down_proj_bias" => GptOssPart::DownBias,
+        "gate_up_proj_blocks" => GptOssPart::GateUpBlocks,
+        "down_proj_blocks" => GptOssPart::DownBlocks,
+        "gate_up_proj_scales" | "down_proj_scales" => GptOssPart::Scales,
+        _ => return None,
+    };
+    Some((l.parse().ok()?, part))
+}
+
+/// The per-expert sources of one gpt-oss fused tensor: gate/up/down
+/// matrices (which 0..3) and their biases (which 3..6), as strided views.
+fn gpt_oss_sources(
+    spec: &ModelSpec,
+    by_name: &BTreeMap<&str, &InputTensor>,
+    meta: &InputTensor,
+    l: usize,
+    part: GptOssPart,
+    out: &mut BTreeMap<(usize, usize, usize), Source>,
+) -> Result<(), ConvertError> {
+    let (n_exp, h, inter) = (spec.n_experts, spec.hidden, spec.inter);
+    let name = meta.name.as_str();
+    let bad = |reason: String| ConvertError::Input {
+        path: meta.path.clone(),
+        tensor: name.to_string(),
+        reason,
+    };
+    if !spec.expert_layers.get(l).copied().unwrap_or(false) {
+        return Err(bad(format!("layer {l} has no routed experts")));
+    }
+    let strided = |rows, cols, row_stride, col_stride| View::Strided {
+        rows,
+        cols,
+        row_stride,
+        col_stride,
+    };
+    let mxfp4 = |rows, cols, row_stride, col_stride| View::Mxfp4 {
+        rows,
+        cols,
+        row_stride,
+        col_stride,
+    };
+    // (expected shape, per-expert element count, [(which, offset, view)], scales)
+    let (want, per, parts, scales): (Vec<usize>, usize, Vec<(usize, usize, View)>, Option<String>) =
+        match part {
+            GptOssPart::Scales => {
+                let blocks = format!("{}_blocks", name.trim_end_matches("_scales"));
+                if !by_name.contains_key(blocks.as_str()) {
+                    return Err(bad(format!("MXFP4 scales without their blocks {blocks:?}")));
+                }
+                return Ok(());
+            }
+            GptOssPart::GateUp => (
+                vec![n_exp, h, 2 * inter],
+                h * 2 * inter,
+                vec![
+                    (0, 0, strided(inter, h, 2, 2 * inter)),
+                    (1, 1, strided(inter, h, 2, 2 * inter)),
+                ],
+                None,
+            ),
+            GptOssPart::Down => (
+                vec![n_exp, inter, h],
+                inter * h,
+                vec![(2, 0, strided(h, inter, 1, h))],
+                None,
+            ),
+            GptOssPart::GateUpBias => (
+                vec![n_exp, 2 * inter],
+                2 * inter,
+                vec![(3, 0, strided(1, inter, 0, 2)), (4, 1, strided(1, inter, 0, 2))],
+                None,
+            ),
+            GptOssPart::DownBias => (vec![n_exp, h], h, vec![(5, 0, View::Contiguous)], None),
+            GptOssPart::GateUpBlocks | GptOssPart::DownBlocks => {
+                let (rows, cols) = if part == GptOssPart::GateUpBlocks {
+                    (2 * inter, h)
+                } else {
+                    (h, inter)
+                };
+                if !cols.is_multiple_of(32) {
+                    return Err(bad(format!(
+                        "MXFP4 rows of {cols} values are not whole blocks of 32"
+                    )));
+                }
+                let sname = format!("{}_scales", name.trim_end_matches("_blocks"));
+                let Some(s) = by_name.get(sname.as_str()) else {
+                    return Err(bad(format!("MXFP4 blocks without their scales {sname:?}")));
+                };
+                let swant = vec![n_exp, rows, cols / 32];
+                if s.dtype != Dtype::U8 || s.shape != swant {
+                    return Err(bad(format!(
+                        "{sname}: expected U8 {swant:?}, found {} {:?}",
+                        s.dtype, s.shape
+                    )));
+                }
+                let parts = if part == GptOssPart::GateUpBlocks {
+                    // Output-major [2I, H]: gate is every even row, up every odd.
+                    vec![
+                        (0, 0, mxfp4(inter, h, 2 * h, 1)),
+                        (1, h, mxfp4(inter, h, 2 * h, 1)),
+                    ]
+                } else {
+                    vec![(2, 0, mxfp4(h, inter, inter, 1))]
+                };
+                (vec![n_exp, rows, cols / 32, 16], rows * cols, parts, Some(sname))
+            }
+        };
+    let is_blocks = scales.is_some();
+    let dtype_ok = if is_blocks {
+        meta.dtype == Dtype::U8
+    } else {
+        is_float(meta.dtype)
+    };
+    if meta.shape != want || !dtype_ok {
+        return Err(bad(format!(
+            "expected {} {want:?}, found {} {:?}",
+            if is_blocks {
+                "U8"
+            } else {
+                "a float tensor of shape"
+            },
+            meta.dtype,
+            meta.shape
+        )));
+    }
+    for e in 0..n_exp {
+        for &(which, offset, view) in &parts {
+            let elems = match view {
+                View::Contiguous => per,
+                View::Strided { rows, cols, .. } | View::Mxfp4 { rows, cols, .. } => rows * cols,
+            };
+            let src = Source {
+                tensor: name.to_string(),
+                dtype: meta.dtype,
+                elem_start: e * per + offset,
+                elems,
+                scale_inv: scales.clone(),
+                view,
+            };
+            if out.insert((l, e, which), src).is_some() {
+                return Err(bad(format!("expert {e} of layer {l} is given twice")));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Dense tensors that stay F32 whatever `--dense` says (docs/formats.md).
 pub(crate) fn keeps_f32(name: &str, shape: &[usize]) -> bool {
     shape.len() != 2
@@ -284,6 +536,7 @@ pub(crate) fn keeps_f32(name: &str, shape: &[usize]) -> bool {
         || name.ends_with(".bias")
         || name.ends_with("mlp.gate.weight")
         || name.ends_with("block_sparse_moe.gate.weight")
+        || name.ends_with("mlp.router.weight")
 }
 
 /// Builds the job list: dense tensors (sorted by name), then experts
@@ -306,6 +559,12 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
             tensor: name.to_string(),
             reason,
         };
+        if spec.fused == FusedLayout::GptOss
+            && let Some((l, part)) = gpt_oss_fused(name)
+        {
+            gpt_oss_sources(spec, &by_name, meta, l, part, &mut expert_src)?;
+            continue;
+        }
         if name.ends_with(SCALE_SUFFIX) || matches!(meta.dtype, Dtype::U8 | Dtype::I8) {
             return Err(bad(
                 "the input is already quantized; convert needs a full-precision or FP8 checkpoint".into(),
@@ -352,11 +611,12 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                 elem_start: 0,
                 elems,
                 scale_inv,
+                view: View::Contiguous,
             };
             if expert_src.insert((l, e, which), src).is_some() {
                 return Err(bad(format!("expert {e} is given both fused and per-expert")));
             }
-        } else if let Some((l, is_down)) = split_fused(name) {
+        } else if let Some((l, is_down)) = split_fused(name).filter(|_| spec.fused == FusedLayout::Stacked) {
             let want = if is_down {
                 vec![n_exp, h, inter]
             } else {
@@ -379,6 +639,7 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                         elem_start: base,
                         elems: per,
                         scale_inv: None,
+                        view: View::Contiguous,
                     };
                     if expert_src.insert((l, e, which), src).is_some() {
                         return Err(bad(format!("expert {e} is given both fused and per-expert")));
@@ -406,6 +667,7 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                     elem_start: 0,
                     elems,
                     scale_inv,
+                    view: View::Contiguous,
                 },
                 shape: meta.shape.clone(),
                 kind,
@@ -414,6 +676,7 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
             });
         }
     }
+    let bias_shapes = [[inter], [inter], [h]];
     for l in (0..layers).filter(|&l| spec.expert_layers[l]) {
         for e in 0..n_exp {
             for (which, shape) in shapes.iter().enumerate() {
@@ -426,7 +689,9 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                         reason: "missing from the input checkpoint".into(),
                     })?;
                 let kind = match spec.expert_format[l] {
-                    QFormat::F32 if source.dtype == Dtype::F32 => Kind::Raw,
+                    QFormat::F32 if source.dtype == Dtype::F32 && source.view == View::Contiguous => {
+                        Kind::Raw
+                    }
                     QFormat::F32 => Kind::F32,
                     f => Kind::Quant(f),
                 };
@@ -436,6 +701,32 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                     shape: shape.to_vec(),
                     kind,
                     align: which == 0,
+                    expert: true,
+                });
+            }
+            if !spec.expert_bias {
+                continue;
+            }
+            for (which, shape) in bias_shapes.iter().enumerate() {
+                let name = spec.naming.bias(l, e, which);
+                let source = expert_src
+                    .remove(&(l, e, 3 + which))
+                    .ok_or_else(|| ConvertError::Input {
+                        path: dir.to_path_buf(),
+                        tensor: name.clone(),
+                        reason: "missing from the input checkpoint".into(),
+                    })?;
+                let kind = if source.dtype == Dtype::F32 && source.view == View::Contiguous {
+                    Kind::Raw
+                } else {
+                    Kind::F32
+                };
+                jobs.push(Job {
+                    name,
+                    source,
+                    shape: shape.to_vec(),
+                    kind,
+                    align: false,
                     expert: true,
                 });
             }

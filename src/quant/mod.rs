@@ -6,11 +6,13 @@
 
 mod format;
 mod matrix;
+mod mxfp4;
 mod quantize;
 mod store;
 
 pub use format::{QFormat, infer_format};
 pub use matrix::QMatrix;
+pub use mxfp4::mxfp4_value;
 pub use quantize::{quantize_matrix, round_half_even};
 pub use store::ByteStore;
 
