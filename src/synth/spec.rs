@@ -46,6 +46,16 @@ impl Family {
         }
     }
 
+    /// The family's name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Family::Olmoe => "OLMoE",
+            Family::Qwen3Moe { .. } => "Qwen3-MoE",
+            Family::Mixtral { .. } => "Mixtral",
+            Family::Glm(_) => "GLM",
+        }
+    }
+
     /// The grouped-query attention sizes of a Qwen3-MoE or Mixtral family.
     pub fn decoder(&self) -> Option<&DecoderShape> {
         match self {
@@ -406,7 +416,7 @@ impl SynthSpec {
                 g.first_dense + 1
             ));
         }
-        self.check_formats("GLM")?;
+        self.check_formats(self.family.name())?;
         GlmConfig::from_json(Path::new("config.json"), self.config_json())
             .map(|_| ())
             .map_err(|e| SpecError::Invalid(e.to_string()))
@@ -416,11 +426,7 @@ impl SynthSpec {
     /// loader's own config validation (grouped-query heads, even head
     /// size) on the config.json this spec writes.
     fn validate_decoder(&self) -> Result<(), SpecError> {
-        let name = match self.family {
-            Family::Mixtral { .. } => "Mixtral",
-            _ => "Qwen3-MoE",
-        };
-        self.check_formats(name)?;
+        self.check_formats(self.family.name())?;
         MoeDecoderConfig::from_json(Path::new("config.json"), self.config_json())
             .map(|_| ())
             .map_err(|e| SpecError::Invalid(e.to_string()))
