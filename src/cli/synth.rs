@@ -14,8 +14,10 @@ pub struct SynthArgs {
     #[arg(long)]
     pub output: PathBuf,
     /// Model shape: olmoe-1b-7b (about 7 GB), small, tiny, glm-5 (GLM-5's
-    /// real shape, int4-g64 experts; 4 layers, about 8.7 GB, by default) or
-    /// glm-tiny.
+    /// real shape, int4-g64 experts; 4 layers, about 8.7 GB, by default),
+    /// glm-tiny, qwen3-30b-a3b (Qwen3-30B-A3B's real shape, about 31 GB at
+    /// int8), qwen3-tiny, mixtral-8x7b (Mixtral-8x7B's real shape, about
+    /// 47 GB at int8) or mixtral-tiny.
     #[arg(long, default_value = "olmoe-1b-7b")]
     pub preset: String,
     /// Decoder layers (default: the preset's).
@@ -31,7 +33,8 @@ pub struct SynthArgs {
     #[arg(long)]
     pub scale: Option<f64>,
     /// Routed experts' format (default: the preset's, int8 for OLMoE,
-    /// int4-g64 for GLM; int4-gN is offered for GLM only).
+    /// Qwen3-MoE and Mixtral, int4-g64 for GLM; int4-gN is offered for
+    /// every family but OLMoE).
     #[arg(long)]
     pub expert_format: Option<String>,
     /// Dense matrices: int8 or f32 (norms and router always stay f32).

@@ -7,6 +7,7 @@
 //! container through the same planner and writer as `coli convert`: one
 //! tensor in memory at a time, a temporary directory renamed at the end.
 
+mod decoder;
 mod disk;
 mod glm;
 mod measure;
@@ -14,6 +15,7 @@ mod rng;
 mod shape;
 mod spec;
 
+pub use decoder::DecoderShape;
 pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
 pub use glm::GlmShape;
 pub use measure::{
@@ -21,11 +23,11 @@ pub use measure::{
 };
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
 pub use shape::ModelShape;
-pub use spec::{SpecError, SynthSpec};
+pub use spec::{Family, SpecError, SynthSpec};
 
 use std::path::Path;
 
-use crate::config::{GlmConfig, OlmoeConfig};
+use crate::config::{GlmConfig, MoeDecoderConfig, OlmoeConfig};
 use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput, ModelSpec};
 
 /// Why a synthetic model could not be written.
@@ -66,12 +68,21 @@ pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertR
     spec.validate()?;
     let config = spec.config_json();
     let cfg_path = output.join("config.json");
-    let model = if spec.glm.is_some() {
-        let cfg = GlmConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
-        crate::convert::glm::spec(&cfg, &cfg_path, spec.expert_format, spec.dense_format)?
-    } else {
-        let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
-        ModelSpec::olmoe(&cfg, spec.expert_format, spec.dense_format)
+    let (experts, dense) = (spec.expert_format, spec.dense_format);
+    // Each family's own convert rules, on the config it is read back with.
+    let model = match &spec.family {
+        Family::Olmoe => {
+            let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+            ModelSpec::olmoe(&cfg, experts, dense)
+        }
+        Family::Qwen3Moe { .. } | Family::Mixtral { .. } => {
+            let cfg = MoeDecoderConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+            ModelSpec::moe_decoder(&cfg, experts, dense)
+        }
+        Family::Glm(_) => {
+            let cfg = GlmConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+            crate::convert::glm::spec(&cfg, &cfg_path, experts, dense)?
+        }
     };
     let inputs = spec.inputs(output);
     let jobs = crate::convert::plan::plan(&inputs, output, &model)?;

@@ -2,13 +2,71 @@
 
 use std::path::Path;
 
-use super::GlmShape;
-use crate::config::GlmConfig;
+use super::{DecoderShape, GlmShape};
+use crate::config::{GlmConfig, MoeDecoderConfig};
 use crate::convert::InputTensor;
+use crate::model::expert::ExpertNaming;
 use crate::quant::QFormat;
 use crate::st::Dtype;
 
-/// Shape, formats and seed of a synthetic OLMoE or GLM-5 model.
+/// Which model family a synthetic model is, with the hyper-parameters only
+/// that family has. Everything that differs between families (config.json,
+/// tensor names and shapes, checks, the convert rules) is decided by
+/// matching on this, so a new family is one more variant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Family {
+    /// OLMoE (`olmoe`): multi-head attention of `hidden / heads`-sized
+    /// heads with full-width q/k norms, every layer sparse.
+    Olmoe,
+    /// Qwen3-MoE (`qwen3_moe`): grouped-query attention with per-head q/k
+    /// norms, every layer sparse, `norm_topk_prob` true; `dense_intermediate`
+    /// is the config's `intermediate_size` (the spec's `intermediate` is
+    /// `moe_intermediate_size`).
+    Qwen3Moe {
+        attn: DecoderShape,
+        dense_intermediate: usize,
+    },
+    /// Mixtral (`mixtral`): grouped-query attention without q/k norms,
+    /// experts under `block_sparse_moe.experts.E.{w1,w3,w2}`.
+    Mixtral { attn: DecoderShape },
+    /// GLM-5 (`glm_moe_dsa`), whose attention, indexer and router need
+    /// more than OLMoE's fields; `intermediate` is then the routed experts'
+    /// (`moe_intermediate_size`).
+    Glm(GlmShape),
+}
+
+impl Family {
+    /// config.json's `model_type`.
+    pub fn model_type(&self) -> &'static str {
+        match self {
+            Family::Olmoe => "olmoe",
+            Family::Qwen3Moe { .. } => "qwen3_moe",
+            Family::Mixtral { .. } => "mixtral",
+            Family::Glm(_) => "glm_moe_dsa",
+        }
+    }
+
+    /// The family's name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Family::Olmoe => "OLMoE",
+            Family::Qwen3Moe { .. } => "Qwen3-MoE",
+            Family::Mixtral { .. } => "Mixtral",
+            Family::Glm(_) => "GLM",
+        }
+    }
+
+    /// The grouped-query attention sizes of a Qwen3-MoE or Mixtral family.
+    pub fn decoder(&self) -> Option<&DecoderShape> {
+        match self {
+            Family::Qwen3Moe { attn, .. } | Family::Mixtral { attn } => Some(attn),
+            Family::Olmoe | Family::Glm(_) => None,
+        }
+    }
+}
+
+/// Shape, formats and seed of a synthetic model of one of the engine's
+/// families.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthSpec {
     pub vocab: usize,
@@ -26,16 +84,17 @@ pub struct SynthSpec {
     /// Dense matrices' stored format (norms and router always stay f32).
     pub dense_format: QFormat,
     pub seed: u64,
-    /// `Some` for a GLM-5 (`glm_moe_dsa`) model, whose attention, indexer
-    /// and router need more than OLMoE's fields; `intermediate` is then the
-    /// routed experts' (`moe_intermediate_size`).
-    pub glm: Option<GlmShape>,
+    /// The family and its own hyper-parameters.
+    pub family: Family,
 }
 
 /// Why a spec cannot be built.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SpecError {
-    #[error("unknown preset {0:?} (use olmoe-1b-7b, small, tiny, glm-5 or glm-tiny)")]
+    #[error(
+        "unknown preset {0:?} (use olmoe-1b-7b, small, tiny, glm-5, glm-tiny, qwen3-30b-a3b, qwen3-tiny, \
+         mixtral-8x7b or mixtral-tiny)"
+    )]
     Preset(String),
     #[error("{0}")]
     Invalid(String),
@@ -58,7 +117,7 @@ impl SynthSpec {
             expert_format: QFormat::Int8,
             dense_format: QFormat::Int8,
             seed: 0,
-            glm: None,
+            family: Family::Olmoe,
         }
     }
 
@@ -84,7 +143,7 @@ impl SynthSpec {
             expert_format: QFormat::Int4Grouped { group: 64 },
             dense_format: QFormat::Int8,
             seed: 0,
-            glm: Some(GlmShape::glm5()),
+            family: Family::Glm(GlmShape::glm5()),
         }
     }
 
@@ -99,7 +158,7 @@ impl SynthSpec {
             top_k: 2,
             intermediate: 64,
             max_position_embeddings: 256,
-            glm: Some(GlmShape::tiny()),
+            family: Family::Glm(GlmShape::tiny()),
             ..Self::glm5()
         }
     }
@@ -134,6 +193,110 @@ impl SynthSpec {
         }
     }
 
+    /// Qwen3-30B-A3B's real shape (vocabulary 151936, hidden 2048, 48
+    /// layers, 32 query heads and 4 KV heads of 128, 128 experts top-8 of
+    /// intermediate 768) with int8 experts: about 31 GB. Positions are
+    /// capped at 4096 (the real model has 40960), as the GLM-5 preset caps
+    /// its own, so the KV cache the engine budgets for stays that of a
+    /// 4096-token context.
+    pub fn qwen3_30b_a3b() -> Self {
+        Self {
+            vocab: 151936,
+            hidden: 2048,
+            layers: 48,
+            heads: 32,
+            experts: 128,
+            top_k: 8,
+            intermediate: 768,
+            max_position_embeddings: 4096,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-6,
+            expert_format: QFormat::Int8,
+            dense_format: QFormat::Int8,
+            seed: 0,
+            family: Family::Qwen3Moe {
+                attn: DecoderShape {
+                    kv_heads: 4,
+                    head_dim: 128,
+                },
+                dense_intermediate: 6144,
+            },
+        }
+    }
+
+    /// The Qwen3-MoE layout at a few hundred KB (grouped-query attention,
+    /// heads of 24 where hidden / heads is 16): for tests.
+    pub fn qwen3_tiny() -> Self {
+        Self {
+            vocab: 256,
+            hidden: 64,
+            layers: 2,
+            heads: 4,
+            experts: 8,
+            top_k: 2,
+            intermediate: 32,
+            max_position_embeddings: 256,
+            family: Family::Qwen3Moe {
+                attn: DecoderShape {
+                    kv_heads: 2,
+                    head_dim: 24,
+                },
+                dense_intermediate: 96,
+            },
+            ..Self::qwen3_30b_a3b()
+        }
+    }
+
+    /// Mixtral-8x7B's real shape (vocabulary 32000, hidden 4096, 32
+    /// layers, 32 query heads and 8 KV heads of 128, 8 experts top-2 of
+    /// intermediate 14336) with int8 experts: about 47 GB. Positions are
+    /// capped at 4096 (the real model has 32768) like the other presets.
+    pub fn mixtral_8x7b() -> Self {
+        Self {
+            vocab: 32000,
+            hidden: 4096,
+            layers: 32,
+            heads: 32,
+            experts: 8,
+            top_k: 2,
+            intermediate: 14336,
+            max_position_embeddings: 4096,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-5,
+            expert_format: QFormat::Int8,
+            dense_format: QFormat::Int8,
+            seed: 0,
+            family: Family::Mixtral {
+                attn: DecoderShape {
+                    kv_heads: 8,
+                    head_dim: 128,
+                },
+            },
+        }
+    }
+
+    /// The Mixtral layout at a few hundred KB (grouped-query attention,
+    /// heads of 20 where hidden / heads is 16): for tests.
+    pub fn mixtral_tiny() -> Self {
+        Self {
+            vocab: 256,
+            hidden: 64,
+            layers: 2,
+            heads: 4,
+            experts: 8,
+            top_k: 2,
+            intermediate: 48,
+            max_position_embeddings: 256,
+            family: Family::Mixtral {
+                attn: DecoderShape {
+                    kv_heads: 2,
+                    head_dim: 20,
+                },
+            },
+            ..Self::mixtral_8x7b()
+        }
+    }
+
     pub fn preset(name: &str) -> Result<Self, SpecError> {
         match name {
             "olmoe-1b-7b" => Ok(Self::olmoe_1b_7b()),
@@ -141,39 +304,60 @@ impl SynthSpec {
             "tiny" => Ok(Self::tiny()),
             "glm-5" => Ok(Self::glm5()),
             "glm-tiny" => Ok(Self::glm_tiny()),
+            "qwen3-30b-a3b" => Ok(Self::qwen3_30b_a3b()),
+            "qwen3-tiny" => Ok(Self::qwen3_tiny()),
+            "mixtral-8x7b" => Ok(Self::mixtral_8x7b()),
+            "mixtral-tiny" => Ok(Self::mixtral_tiny()),
             _ => Err(SpecError::Preset(name.to_string())),
         }
     }
 
     /// Multiplies vocab, hidden and intermediate sizes by `factor` (in
-    /// (0, 1]), keeping hidden a multiple of 2 × heads so heads stay even.
+    /// (0, 1]). OLMoE's hidden stays a multiple of 2 × heads so its heads
+    /// (hidden / heads) stay even; Qwen3-MoE's and Mixtral's heads have
+    /// their own size, kept, and hidden stays a multiple of 64.
     pub fn scaled(mut self, factor: f64) -> Result<Self, SpecError> {
         if !(factor > 0.0 && factor <= 1.0) {
             return Err(SpecError::Invalid(format!(
                 "--scale must be in (0, 1], got {factor}"
             )));
         }
-        if self.glm.is_some() {
-            return Err(SpecError::Invalid(
-                "--scale is not offered for GLM presets (glm-tiny is the small one)".into(),
-            ));
-        }
         let round = |v: usize, m: usize| (((v as f64 * factor) / m as f64).round() as usize).max(1) * m;
-        self.hidden = round(self.hidden, 2 * self.heads);
+        let hidden_step = match &mut self.family {
+            Family::Olmoe => 2 * self.heads,
+            Family::Qwen3Moe {
+                dense_intermediate, ..
+            } => {
+                *dense_intermediate = round(*dense_intermediate, 8);
+                64
+            }
+            Family::Mixtral { .. } => 64,
+            Family::Glm(_) => {
+                return Err(SpecError::Invalid(
+                    "--scale is not offered for GLM presets (glm-tiny is the small one)".into(),
+                ));
+            }
+        };
+        self.hidden = round(self.hidden, hidden_step);
         self.intermediate = round(self.intermediate, 8);
         self.vocab = round(self.vocab, 64);
         Ok(self)
     }
 
+    /// Size of one attention head: hidden / heads for OLMoE, the family's
+    /// own for Qwen3-MoE and Mixtral.
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads
+        match self.family.decoder() {
+            Some(attn) => attn.head_dim,
+            None => self.hidden / self.heads,
+        }
     }
 
     /// Layers with routed experts (GLM's dense leading layers have none).
     pub fn sparse_layers(&self) -> usize {
-        match &self.glm {
-            Some(g) => self.layers.saturating_sub(g.first_dense),
-            None => self.layers,
+        match &self.family {
+            Family::Glm(g) => self.layers.saturating_sub(g.first_dense),
+            Family::Olmoe | Family::Qwen3Moe { .. } | Family::Mixtral { .. } => self.layers,
         }
     }
 
@@ -196,9 +380,16 @@ impl SynthSpec {
         if self.top_k > self.experts {
             return bad(format!("top-k {} exceeds {} experts", self.top_k, self.experts));
         }
-        if let Some(g) = &self.glm {
-            return self.validate_glm(g);
+        match &self.family {
+            Family::Olmoe => self.validate_olmoe(),
+            Family::Glm(g) => self.validate_glm(g),
+            Family::Qwen3Moe { .. } | Family::Mixtral { .. } => self.validate_decoder(),
         }
+    }
+
+    /// OLMoE's checks: even heads, and the formats synth offers it.
+    fn validate_olmoe(&self) -> Result<(), SpecError> {
+        let bad = |s: String| Err(SpecError::Invalid(s));
         if !self.hidden.is_multiple_of(self.heads) || !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "hidden {} must split into {} even heads",
@@ -225,6 +416,26 @@ impl SynthSpec {
                 g.first_dense + 1
             ));
         }
+        self.check_formats(self.family.name())?;
+        GlmConfig::from_json(Path::new("config.json"), self.config_json())
+            .map(|_| ())
+            .map_err(|e| SpecError::Invalid(e.to_string()))
+    }
+
+    /// Qwen3-MoE's and Mixtral's checks: formats the loader reads, and the
+    /// loader's own config validation (grouped-query heads, even head
+    /// size) on the config.json this spec writes.
+    fn validate_decoder(&self) -> Result<(), SpecError> {
+        self.check_formats(self.family.name())?;
+        MoeDecoderConfig::from_json(Path::new("config.json"), self.config_json())
+            .map(|_| ())
+            .map_err(|e| SpecError::Invalid(e.to_string()))
+    }
+
+    /// Dense int8 or f32; experts int8, f32 or int4-gN with N dividing
+    /// both sides of every expert matrix (GLM, Qwen3-MoE and Mixtral).
+    fn check_formats(&self, family: &str) -> Result<(), SpecError> {
+        let bad = |s: String| Err(SpecError::Invalid(s));
         if !matches!(self.dense_format, QFormat::F32 | QFormat::Int8) {
             return bad(format!(
                 "--dense {} is not offered by synth (use int8 or f32)",
@@ -232,33 +443,46 @@ impl SynthSpec {
             ));
         }
         match self.expert_format {
-            QFormat::F32 | QFormat::Int8 => {}
+            QFormat::F32 | QFormat::Int8 => Ok(()),
             QFormat::Int4Grouped { group }
-                if self.hidden.is_multiple_of(group) && self.intermediate.is_multiple_of(group) => {}
-            f => {
-                return bad(format!(
-                    "--expert-format {f} is not offered for GLM (use int4-gN with N dividing hidden {} and \
-                     intermediate {}, int8 or f32)",
-                    self.hidden, self.intermediate
-                ));
+                if self.hidden.is_multiple_of(group) && self.intermediate.is_multiple_of(group) =>
+            {
+                Ok(())
             }
+            f => bad(format!(
+                "--expert-format {f} is not offered for {family} (use int4-gN with N dividing hidden {} and \
+                 intermediate {}, int8 or f32)",
+                self.hidden, self.intermediate
+            )),
         }
-        GlmConfig::from_json(Path::new("config.json"), self.config_json())
-            .map(|_| ())
-            .map_err(|e| SpecError::Invalid(e.to_string()))
     }
 
-    /// The id generation stops at: OLMoE's when the vocabulary has it.
+    /// The id generation stops at: the real model's when the vocabulary
+    /// has it (OLMoE's for OLMoE and GLM, Qwen3's `<|im_end|>`, Mixtral's
+    /// `</s>`), else the last id.
     pub fn eos_id(&self) -> usize {
-        if self.vocab > 50279 { 50279 } else { self.vocab - 1 }
+        let real = match self.family {
+            Family::Olmoe | Family::Glm(_) => 50279,
+            Family::Qwen3Moe { .. } => 151645,
+            Family::Mixtral { .. } => 2,
+        };
+        if self.vocab > real { real } else { self.vocab - 1 }
     }
 
-    /// config.json for the model, as transformers writes it for OLMoE or
-    /// GLM-5.
+    /// config.json for the model, as transformers writes it for the family.
     pub fn config_json(&self) -> serde_json::Value {
-        if let Some(g) = &self.glm {
-            return self.glm_config_json(g);
+        match &self.family {
+            Family::Olmoe => self.olmoe_config_json(),
+            Family::Glm(g) => self.glm_config_json(g),
+            Family::Qwen3Moe {
+                attn,
+                dense_intermediate,
+            } => self.qwen3_config_json(attn, *dense_intermediate),
+            Family::Mixtral { attn } => self.mixtral_config_json(attn),
         }
+    }
+
+    fn olmoe_config_json(&self) -> serde_json::Value {
         serde_json::json!({
             "architectures": ["OlmoeForCausalLM"],
             "model_type": "olmoe",
@@ -279,6 +503,67 @@ impl SynthSpec {
             "bos_token_id": null,
             "eos_token_id": self.eos_id(),
             "pad_token_id": 1,
+            "colibri_synthetic": { "seed": self.seed },
+        })
+    }
+
+    /// config.json as transformers writes it for `qwen3_moe` (every layer
+    /// sparse, no sliding window).
+    fn qwen3_config_json(&self, attn: &DecoderShape, dense_intermediate: usize) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": dense_intermediate,
+            "moe_intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": attn.kv_heads,
+            "head_dim": attn.head_dim,
+            "num_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "norm_topk_prob": true,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": null,
+            "rms_norm_eps": self.rms_norm_eps,
+            "attention_bias": false,
+            "hidden_act": "silu",
+            "use_sliding_window": false,
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+            "bos_token_id": null,
+            "eos_token_id": self.eos_id(),
+            "colibri_synthetic": { "seed": self.seed },
+        })
+    }
+
+    /// config.json as transformers writes it for `mixtral` (no sliding
+    /// window; its one `intermediate_size` is the experts').
+    fn mixtral_config_json(&self, attn: &DecoderShape) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": attn.kv_heads,
+            "head_dim": attn.head_dim,
+            "num_local_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": "silu",
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+            "bos_token_id": null,
+            "eos_token_id": self.eos_id(),
             "colibri_synthetic": { "seed": self.seed },
         })
     }
@@ -328,8 +613,8 @@ impl SynthSpec {
         })
     }
 
-    /// Every tensor of the model as a Hugging Face OLMoE (or GLM-5)
-    /// checkpoint names it, sorted by name (the order the planner expects).
+    /// Every tensor of the model as a Hugging Face checkpoint of its family
+    /// names it, sorted by name (the order the planner expects).
     pub(crate) fn inputs(&self, origin: &Path) -> Vec<InputTensor> {
         let (h, inter) = (self.hidden, self.intermediate);
         let mut out = vec![
@@ -337,26 +622,14 @@ impl SynthSpec {
             ("lm_head.weight".to_string(), vec![self.vocab, h]),
             ("model.norm.weight".to_string(), vec![h]),
         ];
+        let dims = (h, self.heads, self.experts, inter);
         for l in 0..self.layers {
-            if let Some(g) = &self.glm {
-                out.extend(g.layer_tensors(l, h, self.heads, self.experts, inter));
-                continue;
-            }
-            let n = |rest: &str| format!("model.layers.{l}.{rest}");
-            for p in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-                out.push((n(&format!("self_attn.{p}.weight")), vec![h, h]));
-            }
-            for p in ["q_norm", "k_norm"] {
-                out.push((n(&format!("self_attn.{p}.weight")), vec![h]));
-            }
-            out.push((n("input_layernorm.weight"), vec![h]));
-            out.push((n("post_attention_layernorm.weight"), vec![h]));
-            out.push((n("mlp.gate.weight"), vec![self.experts, h]));
-            for e in 0..self.experts {
-                out.push((n(&format!("mlp.experts.{e}.gate_proj.weight")), vec![inter, h]));
-                out.push((n(&format!("mlp.experts.{e}.up_proj.weight")), vec![inter, h]));
-                out.push((n(&format!("mlp.experts.{e}.down_proj.weight")), vec![h, inter]));
-            }
+            out.extend(match &self.family {
+                Family::Olmoe => self.olmoe_layer_tensors(l),
+                Family::Glm(g) => g.layer_tensors(l, h, self.heads, self.experts, inter),
+                Family::Qwen3Moe { attn, .. } => attn.layer_tensors(l, dims, true, ExpertNaming::Mlp),
+                Family::Mixtral { attn } => attn.layer_tensors(l, dims, false, ExpertNaming::BlockSparse),
+            });
         }
         out.sort();
         out.into_iter()
@@ -367,6 +640,28 @@ impl SynthSpec {
                 path: origin.to_path_buf(),
             })
             .collect()
+    }
+
+    /// Per-layer tensors of OLMoE decoder layer `l` (unsorted).
+    fn olmoe_layer_tensors(&self, l: usize) -> Vec<(String, Vec<usize>)> {
+        let (h, inter) = (self.hidden, self.intermediate);
+        let n = |rest: &str| format!("model.layers.{l}.{rest}");
+        let mut out = Vec::new();
+        for p in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            out.push((n(&format!("self_attn.{p}.weight")), vec![h, h]));
+        }
+        for p in ["q_norm", "k_norm"] {
+            out.push((n(&format!("self_attn.{p}.weight")), vec![h]));
+        }
+        out.push((n("input_layernorm.weight"), vec![h]));
+        out.push((n("post_attention_layernorm.weight"), vec![h]));
+        out.push((n("mlp.gate.weight"), vec![self.experts, h]));
+        for e in 0..self.experts {
+            out.push((n(&format!("mlp.experts.{e}.gate_proj.weight")), vec![inter, h]));
+            out.push((n(&format!("mlp.experts.{e}.up_proj.weight")), vec![inter, h]));
+            out.push((n(&format!("mlp.experts.{e}.down_proj.weight")), vec![h, inter]));
+        }
+        out
     }
 
     /// How a tensor's values are drawn: `(base, amplitude)`, values uniform
@@ -388,9 +683,12 @@ impl SynthSpec {
         let fan_in = shape[1];
         if name == "model.embed_tokens.weight" {
             (0.0, SQRT3)
-        } else if name.ends_with("mlp.gate.weight") {
+        } else if name.ends_with("mlp.gate.weight") || name.ends_with("block_sparse_moe.gate.weight") {
             (0.0, 2.0 * unit(fan_in))
-        } else if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+        } else if name.ends_with("o_proj.weight")
+            || name.ends_with("down_proj.weight")
+            || name.ends_with(".w2.weight")
+        {
             (0.0, 0.5 * unit(fan_in))
         } else {
             (0.0, unit(fan_in))
@@ -425,7 +723,9 @@ mod tests {
             s.validate().unwrap();
             let inputs = s.inputs(Path::new("x"));
             assert!(inputs.windows(2).all(|w| w[0].name < w[1].name), "{p}");
-            let g = s.glm.clone().unwrap();
+            let Family::Glm(g) = s.family.clone() else {
+                panic!("{p} is GLM")
+            };
             let dense = g.first_dense;
             let sparse = s.sparse_layers();
             assert_eq!(dense + sparse, s.layers);
@@ -450,6 +750,190 @@ mod tests {
         s.experts = 7;
         assert!(s.validate().is_err(), "groups must divide the experts");
         assert!(SynthSpec::glm_tiny().scaled(0.5).is_err());
+    }
+
+    /// Bytes of the container `spec` would be, from the planner's entries
+    /// (each expert's start rounded up to the 4096-byte alignment).
+    fn planned_bytes(s: &SynthSpec) -> u64 {
+        let cfg = MoeDecoderConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
+        let model = crate::convert::ModelSpec::moe_decoder(&cfg, s.expert_format, s.dense_format);
+        let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
+        let align = crate::convert::ALIGN;
+        jobs.iter().fold(0, |at, j| {
+            let at = if j.align { at.div_ceil(align) * align } else { at };
+            at + j.entries().iter().map(|e| e.len).sum::<u64>()
+        })
+    }
+
+    #[test]
+    fn decoder_presets_are_valid_and_have_the_real_expert_shape() {
+        for p in ["qwen3-30b-a3b", "qwen3-tiny", "mixtral-8x7b", "mixtral-tiny"] {
+            let s = SynthSpec::preset(p).unwrap();
+            s.validate().unwrap();
+            let inputs = s.inputs(Path::new("x"));
+            assert!(inputs.windows(2).all(|w| w[0].name < w[1].name), "{p}");
+            let qwen = matches!(s.family, Family::Qwen3Moe { .. });
+            let attn = s.family.decoder().unwrap().clone();
+            // 4 projections, 2 layer norms, the router (+ q/k norms), experts.
+            let per_layer = 7 + if qwen { 2 } else { 0 } + 3 * s.experts;
+            assert_eq!(inputs.len(), 3 + s.layers * per_layer, "{p}: every tensor once");
+            assert!(s.heads > attn.kv_heads, "{p}: grouped-query attention");
+            assert_eq!(s.head_dim(), attn.head_dim);
+
+            // The engine reads back what was meant.
+            let cfg = MoeDecoderConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
+            assert_eq!(cfg.model_type, s.family.model_type());
+            assert_eq!(
+                (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers),
+                (s.vocab, s.hidden, s.layers)
+            );
+            assert_eq!(
+                (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
+                (s.heads, attn.kv_heads, attn.head_dim)
+            );
+            assert_eq!(
+                (
+                    cfg.num_experts,
+                    cfg.num_experts_per_tok,
+                    cfg.moe_intermediate_size
+                ),
+                (s.experts, s.top_k, s.intermediate)
+            );
+            assert!(cfg.norm_topk_prob && !cfg.tie_word_embeddings, "{p}");
+            assert_eq!(cfg.sparse_layers(), vec![true; s.layers], "{p}");
+            assert_eq!(
+                (cfg.rope_theta, cfg.max_position_embeddings),
+                (1e6, s.max_position_embeddings)
+            );
+            assert!(cfg.eos_ids().iter().all(|&t| (t as usize) < s.vocab), "{p}");
+
+            let find = |name: &str| {
+                inputs
+                    .iter()
+                    .find(|t| t.name == name)
+                    .unwrap_or_else(|| panic!("{p}: {name}"))
+                    .shape
+                    .clone()
+            };
+            let (q, kv) = (s.heads * attn.head_dim, attn.kv_heads * attn.head_dim);
+            assert_eq!(find("model.layers.1.self_attn.q_proj.weight"), vec![q, s.hidden]);
+            assert_eq!(find("model.layers.1.self_attn.k_proj.weight"), vec![kv, s.hidden]);
+            assert_eq!(find("model.layers.1.self_attn.o_proj.weight"), vec![s.hidden, q]);
+            let naming = if qwen {
+                ExpertNaming::Mlp
+            } else {
+                ExpertNaming::BlockSparse
+            };
+            assert_eq!(find(&naming.router(1)), vec![s.experts, s.hidden]);
+            let last = s.experts - 1;
+            assert_eq!(find(&naming.tensor(1, last, 1)), vec![s.intermediate, s.hidden]);
+            assert_eq!(find(&naming.tensor(1, last, 2)), vec![s.hidden, s.intermediate]);
+            assert_eq!(
+                inputs
+                    .iter()
+                    .any(|t| t.name == "model.layers.1.self_attn.q_norm.weight"),
+                qwen,
+                "{p}: only Qwen3 has q/k norms"
+            );
+            if qwen {
+                assert_eq!(
+                    find("model.layers.1.self_attn.k_norm.weight"),
+                    vec![attn.head_dim]
+                );
+            }
+            // Router and down projections are drawn like OLMoE's.
+            let amp = |name: &str| s.distribution(name, &find(name)).1;
+            let unit = |fan_in: usize| 1.732_050_8 / (fan_in as f32).sqrt();
+            assert_eq!(amp(&naming.router(1)), 2.0 * unit(s.hidden));
+            assert_eq!(amp(&naming.tensor(1, 0, 2)), 0.5 * unit(s.intermediate));
+        }
+        assert!(SynthSpec::qwen3_tiny().head_dim() != 64 / 4);
+        assert!(SynthSpec::mixtral_tiny().head_dim() != 64 / 4);
+
+        // The real shapes.
+        let s = SynthSpec::qwen3_30b_a3b();
+        assert_eq!((s.vocab, s.hidden, s.layers, s.heads), (151936, 2048, 48, 32));
+        assert_eq!((s.experts, s.top_k, s.intermediate), (128, 8, 768));
+        let Family::Qwen3Moe {
+            attn,
+            dense_intermediate,
+        } = &s.family
+        else {
+            panic!("qwen3_moe")
+        };
+        assert_eq!(
+            (attn.kv_heads, attn.head_dim, *dense_intermediate),
+            (4, 128, 6144)
+        );
+        assert_eq!(s.config_json()["intermediate_size"], 6144);
+        let gb = planned_bytes(&s) as f64 / 1e9;
+        assert!((30.0..32.0).contains(&gb), "about 31 GB at int8: {gb}");
+        let s = SynthSpec::mixtral_8x7b();
+        assert_eq!((s.vocab, s.hidden, s.layers, s.heads), (32000, 4096, 32, 32));
+        assert_eq!((s.experts, s.top_k, s.intermediate), (8, 2, 14336));
+        assert_eq!(
+            s.family.decoder().map(|a| (a.kv_heads, a.head_dim)),
+            Some((8, 128))
+        );
+        assert_eq!(s.config_json()["num_local_experts"], 8);
+        let gb = planned_bytes(&s) as f64 / 1e9;
+        assert!((46.0..48.0).contains(&gb), "about 47 GB at int8: {gb}");
+        // The tiny ones are a few hundred KB.
+        for s in [SynthSpec::qwen3_tiny(), SynthSpec::mixtral_tiny()] {
+            let kb = planned_bytes(&s) / 1000;
+            assert!((100..1000).contains(&kb), "{kb} KB");
+        }
+    }
+
+    #[test]
+    fn decoder_checks_and_scaling() {
+        // What the loader would refuse is refused before a byte is written.
+        let mut s = SynthSpec::qwen3_tiny();
+        if let Family::Qwen3Moe { attn, .. } = &mut s.family {
+            attn.kv_heads = 3;
+        }
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("num_key_value_heads")
+        );
+        let mut s = SynthSpec::mixtral_tiny();
+        if let Family::Mixtral { attn } = &mut s.family {
+            attn.head_dim = 21;
+        }
+        assert!(s.validate().unwrap_err().to_string().contains("head_dim"));
+        let mut s = SynthSpec::qwen3_tiny();
+        s.top_k = 9;
+        assert!(s.validate().is_err());
+        // int4-gN where N divides both sides of an expert matrix.
+        let mut s = SynthSpec::mixtral_tiny();
+        s.expert_format = QFormat::Int4Grouped { group: 16 };
+        s.validate().unwrap();
+        s.expert_format = QFormat::Int4Grouped { group: 64 };
+        assert!(s.validate().unwrap_err().to_string().contains("Mixtral"));
+        s.expert_format = QFormat::Int8;
+        s.dense_format = QFormat::Int4;
+        assert!(s.validate().is_err());
+
+        // --scale keeps the head size and the heads, shrinks the rest.
+        for s in [SynthSpec::qwen3_30b_a3b(), SynthSpec::mixtral_8x7b()] {
+            let t = s.clone().scaled(0.1).unwrap();
+            t.validate().unwrap();
+            assert_eq!(t.family.decoder(), s.family.decoder());
+            assert_eq!((t.heads, t.head_dim()), (s.heads, s.head_dim()));
+            assert!(t.hidden < s.hidden && t.hidden.is_multiple_of(64));
+            assert!(t.intermediate < s.intermediate && t.vocab < s.vocab);
+        }
+        let t = SynthSpec::qwen3_30b_a3b().scaled(0.5).unwrap();
+        assert_eq!((t.hidden, t.intermediate, t.vocab), (1024, 384, 75968));
+        assert_eq!(t.config_json()["intermediate_size"], 3072);
+        SynthSpec::qwen3_tiny().scaled(0.01).unwrap().validate().unwrap();
+        SynthSpec::mixtral_tiny()
+            .scaled(0.01)
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]

@@ -1,0 +1,277 @@
+//! `coli synth --preset qwen3-tiny / mixtral-tiny`: Qwen3-MoE- and
+//! Mixtral-shaped containers (grouped-query attention with a head size that
+//! is not hidden / heads, each family's own expert and router names) that
+//! the engine loads and decodes, with the same tokens mapped and streamed,
+//! the same bytes from the same seed, and `coli bench` running on them.
+
+use std::path::Path;
+use std::process::Command;
+
+use colibri::convert::ALIGN;
+use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::model::expert::ExpertNaming;
+use colibri::model::olmoe::LoadOptions;
+use colibri::quant::QFormat;
+use colibri::st::Checkpoint;
+use colibri::synth::{Family, ModelShape, SynthSpec, decode_pass, synth, synthetic_prompt};
+
+fn decode(dir: &Path, spec: &SynthSpec, opts: &EngineOptions) -> Vec<u32> {
+    let mut engine = Engine::load(dir, opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
+    let prompt = synthetic_prompt(spec.vocab, 5, 1);
+    let mut session = engine.new_session();
+    let r = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
+    let again = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
+    assert_eq!(r.tokens, again.tokens, "{opts:?}: a warm cache, the same tokens");
+    assert_eq!(r.tokens.len(), 5);
+    assert!(r.tokens.iter().all(|&t| (t as usize) < spec.vocab));
+    let w = r.window;
+    assert_eq!(
+        (w.hits + w.misses) as usize,
+        4 * spec.layers * spec.top_k,
+        "{opts:?}: every routed expert of every layer delivered: {w:?}"
+    );
+    r.tokens
+}
+
+fn bytes(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+    (read("model.safetensors"), read("config.json"))
+}
+
+/// Writes `preset` (seeded), checks its layout, decodes it mapped and
+/// streamed, and writes it again byte for byte.
+fn synth_load_decode(preset: &str, model_type: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        seed: 7,
+        ..SynthSpec::preset(preset).unwrap()
+    };
+    assert_eq!(spec.family.model_type(), model_type);
+    let attn = spec.family.decoder().unwrap().clone();
+    assert!(spec.heads > attn.kv_heads, "grouped-query attention");
+    assert_ne!(attn.head_dim, spec.hidden / spec.heads);
+    let qwen = matches!(spec.family, Family::Qwen3Moe { .. });
+    let naming = if qwen {
+        ExpertNaming::Mlp
+    } else {
+        ExpertNaming::BlockSparse
+    };
+
+    let dir = tmp.path().join("m");
+    let report = synth(&spec, &dir, false).unwrap();
+    assert_eq!(report.experts, spec.layers * spec.experts);
+    assert!(report.bytes < 1_000_000, "a few hundred KB: {}", report.bytes);
+
+    let ck = Checkpoint::open(&dir).unwrap();
+    let up = ck.info(&naming.tensor(1, spec.experts - 1, 1)).unwrap();
+    assert_eq!(up.shape, vec![spec.intermediate, spec.hidden]);
+    let gate = ck.info(&naming.tensor(1, 3, 0)).unwrap();
+    assert_eq!(gate.offset % ALIGN, 0, "each expert starts aligned");
+    assert!(ck.has(&format!("{}.qs", naming.tensor(1, 3, 2))), "int8 experts");
+    assert!(ck.has(&naming.router(0)));
+    assert!(!ck.has(&format!("{}.qs", naming.router(0))), "router stays f32");
+    assert!(ck.has("model.layers.0.self_attn.k_proj.weight.qs"), "dense int8");
+    let k = ck.info("model.layers.0.self_attn.k_proj.weight").unwrap();
+    assert_eq!(k.shape, vec![attn.kv_heads * attn.head_dim, spec.hidden]);
+    assert_eq!(ck.has("model.layers.0.self_attn.q_norm.weight"), qwen);
+    if qwen {
+        let q_norm = ck.info("model.layers.0.self_attn.q_norm.weight").unwrap();
+        assert_eq!(q_norm.shape, vec![attn.head_dim]);
+    }
+
+    // What `coli bench` reads: the family's config and its expert extents.
+    let shape = ModelShape::load(&dir).unwrap();
+    assert_eq!(shape.model_type, model_type);
+    assert_eq!(
+        (shape.vocab_size, shape.hidden_size, shape.num_hidden_layers),
+        (spec.vocab, spec.hidden, spec.layers)
+    );
+    assert_eq!(
+        (shape.num_experts, shape.num_experts_per_tok),
+        (spec.experts, spec.top_k)
+    );
+    let (map, _) = shape.expert_map(&ck, LoadOptions::default()).unwrap();
+    assert_eq!(map.experts_per_layer, spec.experts);
+    assert_eq!(
+        shape.kv_bytes_per_position(),
+        (spec.layers * 2 * attn.kv_heads * attn.head_dim * 4) as u64
+    );
+    drop(ck);
+
+    let mapped = decode(
+        &dir,
+        &spec,
+        &EngineOptions {
+            placement: Placement::Mapped,
+            ..EngineOptions::default()
+        },
+    );
+    let streamed = decode(
+        &dir,
+        &spec,
+        &EngineOptions {
+            placement: Placement::Streamed,
+            cache_cap: Some(2),
+            ..EngineOptions::default()
+        },
+    );
+    assert_eq!(mapped, streamed, "placement changes speed, never tokens");
+    assert!(
+        mapped.iter().any(|&t| t != mapped[0]),
+        "the synthetic weights should not collapse to one token: {mapped:?}"
+    );
+
+    // Same seed, same bytes; another seed, other weights.
+    let again = tmp.path().join("again");
+    synth(&spec, &again, false).unwrap();
+    assert!(
+        bytes(&dir) == bytes(&again),
+        "{preset}: two runs, identical files"
+    );
+    let other = tmp.path().join("other");
+    synth(
+        &SynthSpec {
+            seed: 8,
+            ..spec.clone()
+        },
+        &other,
+        false,
+    )
+    .unwrap();
+    assert_ne!(bytes(&dir).0, bytes(&other).0);
+}
+
+#[test]
+fn qwen3_tiny_loads_decodes_and_is_reproducible() {
+    synth_load_decode("qwen3-tiny", "qwen3_moe");
+}
+
+#[test]
+fn mixtral_tiny_loads_decodes_and_is_reproducible() {
+    synth_load_decode("mixtral-tiny", "mixtral");
+}
+
+/// int4-gN experts (N dividing hidden and the expert intermediate size)
+/// decode too, on both families.
+#[test]
+fn grouped_int4_experts_decode() {
+    for preset in ["qwen3-tiny", "mixtral-tiny"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let spec = SynthSpec {
+            expert_format: QFormat::Int4Grouped { group: 16 },
+            ..SynthSpec::preset(preset).unwrap()
+        };
+        let dir = tmp.path().join("m");
+        synth(&spec, &dir, false).unwrap();
+        let tokens = decode(&dir, &spec, &EngineOptions::default());
+        assert_eq!(tokens.len(), 5, "{preset}");
+    }
+}
+
+fn coli(args: &[&str], dir: &Path, state: &Path) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(args)
+        .arg(dir)
+        .env("XDG_STATE_HOME", state)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The CLI: `coli synth --preset` writes what the library writes (with
+/// `--layers`, `--experts` and `--scale` applied), and `coli bench` runs
+/// on it deterministically.
+#[test]
+fn coli_synth_and_bench_on_the_new_presets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    for (preset, model_type) in [("qwen3-tiny", "qwen3_moe"), ("mixtral-tiny", "mixtral")] {
+        let dir = tmp.path().join(preset);
+        let (ok, _, err) = coli(
+            &["synth", "--preset", preset, "--seed", "3", "--output"],
+            &dir,
+            &state,
+        );
+        assert!(ok, "{err}");
+        let lib = tmp.path().join(format!("{preset}-lib"));
+        let spec = SynthSpec {
+            seed: 3,
+            ..SynthSpec::preset(preset).unwrap()
+        };
+        synth(&spec, &lib, false).unwrap();
+        assert!(
+            bytes(&dir) == bytes(&lib),
+            "{preset}: the CLI writes the library's bytes"
+        );
+
+        let (ok, stdout, err) = coli(
+            &[
+                "bench",
+                "--prompt-len",
+                "4",
+                "--warmup",
+                "1",
+                "--tokens",
+                "4",
+                "--probe-mb",
+                "1",
+                "--model",
+            ],
+            &dir,
+            &state,
+        );
+        assert!(ok, "{preset}: {stdout}\n{err}");
+        assert!(
+            stdout.contains("deterministic: tokens identical across"),
+            "{stdout}"
+        );
+        assert!(stdout.contains("memory budget"), "{stdout}");
+
+        // The flags apply to the new families as to the others.
+        let small = tmp.path().join(format!("{preset}-flags"));
+        let (ok, _, err) = coli(
+            &[
+                "synth",
+                "--preset",
+                preset,
+                "--layers",
+                "1",
+                "--experts",
+                "4",
+                "--top-k",
+                "1",
+                "--scale",
+                "0.5",
+                "--output",
+            ],
+            &small,
+            &state,
+        );
+        assert!(ok, "{err}");
+        let shape = ModelShape::load(&small).unwrap();
+        assert_eq!(shape.model_type, model_type);
+        assert_eq!(
+            (
+                shape.num_hidden_layers,
+                shape.num_experts,
+                shape.num_experts_per_tok
+            ),
+            (1, 4, 1)
+        );
+        assert_eq!((shape.hidden_size, shape.vocab_size), (64, 128));
+    }
+    let (ok, _, err) = coli(
+        &["synth", "--preset", "nope", "--output"],
+        &tmp.path().join("nope"),
+        &state,
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("qwen3-30b-a3b") && err.contains("mixtral-tiny"),
+        "{err}"
+    );
+}
