@@ -121,6 +121,27 @@ fn qwen3_moe_and_mixtral_batched_step_equals_each_sequence_alone() {
 }
 
 #[test]
+fn glm4_and_gpt_oss_batched_step_equals_each_sequence_alone() {
+    // gpt-oss runs converted; its sinks, per-layer windows and expert biases
+    // all go through the batched pass.
+    let tmp = tempfile::tempdir().unwrap();
+    let oss = tmp.path().join("gpt-oss");
+    colibri::convert::convert(
+        &model_dir("fixtures/gpt-oss-tiny"),
+        &oss,
+        colibri::quant::QFormat::F32,
+        colibri::quant::QFormat::F32,
+        false,
+    )
+    .unwrap();
+    for dir in [model_dir("fixtures/glm4-moe-tiny"), oss] {
+        for (acts, bits) in [(true, 8), (false, 32)] {
+            check(dir.to_str().unwrap(), acts, bits);
+        }
+    }
+}
+
+#[test]
 fn a_bad_token_fails_before_any_state_changes() {
     let mut engine = load("models/colibri-tiny", true, 8);
     let vocab = engine.model.vocab_size() as u32;

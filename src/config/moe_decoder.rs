@@ -498,6 +498,18 @@ impl MoeDecoderConfig {
                     );
                 }
             }
+            if y.factor < 1.0 {
+                return bad(
+                    "rope_scaling",
+                    format!("yarn factor must be at least 1, got {}", y.factor),
+                );
+            }
+            if self.rope_theta <= 1.0 + 1e-6 {
+                return bad(
+                    "rope_theta",
+                    format!("must exceed 1 with YaRN scaling, got {}", self.rope_theta),
+                );
+            }
             let orig = y.original_max_position_embeddings;
             if orig == 0 || orig > COUNT_LIMIT {
                 return bad(

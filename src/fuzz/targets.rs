@@ -245,7 +245,23 @@ fn config_seeds() -> Vec<Vec<u8>> {
         "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8, "rope_theta": 1e6,
         "rms_norm_eps": 1e-5, "tie_word_embeddings": true
     });
-    [olmoe, glm, dsv3, qwen, mixtral]
+    let glm4 = serde_json::json!({
+        "model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 12, "partial_rotary_factor": 0.5,
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 2,
+        "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+        "attention_bias": true, "use_qk_norm": true, "num_nextn_predict_layers": 1, "eos_token_id": [1, 2]
+    });
+    let gpt_oss = serde_json::json!({
+        "model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5, "swiglu_limit": 7.0,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": false, "original_max_position_embeddings": 4096}
+    });
+    [olmoe, glm, dsv3, qwen, mixtral, glm4, gpt_oss]
         .iter()
         .map(|v| v.to_string().into_bytes())
         .collect()
@@ -289,7 +305,8 @@ fn olmoe_invariants(c: &OlmoeConfig) -> Verdict {
     Verdict::Accepted
 }
 
-/// What the Qwen3-MoE / Mixtral model code assumes of a validated config.
+/// What the Llama-style decoder code (Qwen3-MoE, Mixtral, GLM-4.x,
+/// gpt-oss) assumes of a validated config.
 fn moe_decoder_invariants(c: &MoeDecoderConfig) -> Verdict {
     let hd = c.head_dim;
     if hd == 0 || !hd.is_multiple_of(2) || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
@@ -309,6 +326,28 @@ fn moe_decoder_invariants(c: &MoeDecoderConfig) -> Verdict {
     }
     if c.sliding_window == Some(0) {
         return Verdict::Broken("an empty sliding window".into());
+    }
+    if c.rotary_dim == 0 || c.rotary_dim > hd || !c.rotary_dim.is_multiple_of(2) {
+        return Verdict::Broken(format!("rotary dims {} of head {hd}", c.rotary_dim));
+    }
+    if !c.sliding_layers.is_empty() && c.sliding_layers.len() != c.num_hidden_layers {
+        return Verdict::Broken("layer_types do not cover the layers".into());
+    }
+    if let crate::config::RouterChoice::Sigmoid {
+        n_group, topk_group, ..
+    } = c.router
+        && (n_group == 0 || !c.num_experts.is_multiple_of(n_group) || topk_group > n_group)
+    {
+        return Verdict::Broken("group layout".into());
+    }
+    if let Some(y) = &c.yarn {
+        // What RoPE builds from it must be finite.
+        let rope = crate::model::ops::Rope::yarn(c.rotary_dim.min(64), c.rope_theta, y);
+        let mut v = vec![1.0f32; c.rotary_dim.min(64)];
+        rope.apply_half(&mut v, 3);
+        if v.iter().any(|x| !x.is_finite()) {
+            return Verdict::Broken("YaRN rope gives non-finite values".into());
+        }
     }
     let _ = c.eos_ids();
     Verdict::Accepted
