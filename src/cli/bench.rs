@@ -20,8 +20,8 @@ use crate::engine::{MemoryPlan, peak_rss_bytes};
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
 use crate::synth::{
-    ModelShape, PassResult, decode_pass, parse_replay_ids, read_bandwidth, replay_pass, sim_bandwidth,
-    synthetic_prompt,
+    ModelShape, PassResult, decode_pass, memory_bandwidth, parse_replay_ids, read_bandwidth, replay_pass,
+    sim_bandwidth, synthetic_prompt,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -91,6 +91,29 @@ struct Pass {
     peak_rss: Option<u64>,
     /// The usage history and pins of the pass (the measured pass only).
     usage: Option<crate::engine::usage::UsageStart>,
+    /// Resident bytes a decode step reads besides the routed experts.
+    step_dense: u64,
+}
+
+/// The memory roofline of the run: what a token must read from RAM with
+/// every expert resident, against the read bandwidth measured in the same
+/// run on as many threads as the compute pool.
+struct MemoryBound {
+    read_bw: f64,
+    threads: usize,
+    bytes_per_token: f64,
+    experts_per_token: f64,
+    expert_bytes: f64,
+}
+
+impl MemoryBound {
+    fn tok_per_s(&self) -> f64 {
+        if self.bytes_per_token > 0.0 {
+            self.read_bw / self.bytes_per_token
+        } else {
+            f64::INFINITY
+        }
+    }
 }
 
 /// What each pass decodes: a prompt, then greedy or forced tokens.
@@ -137,6 +160,7 @@ fn run_pass(
         memory: engine.memory.clone(),
         peak_rss: peak_rss_bytes(),
         usage,
+        step_dense: engine.model.step_dense_bytes() as u64,
     })
 }
 
@@ -235,15 +259,42 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         )?);
     }
 
+    let ck = Checkpoint::open(&dir)?;
+    let (map, _) = cfg.expert_map(&ck, LoadOptions::default())?;
+    drop(ck);
+    // The memory roofline, from the all-resident pass: its bytes a token
+    // reads, over RAM read bandwidth on the same number of threads.
+    let memory_bound = match passes.iter().find(|p| p.name == "all resident") {
+        Some(c) if c.result.measured > 0 => {
+            let threads = args
+                .engine
+                .threads
+                .map(|t| t as usize)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+                .max(1);
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
+            let read_bw = pool.install(|| memory_bandwidth(512 << 20));
+            let expert_bytes =
+                map.extents.iter().map(|e| e.bytes()).sum::<u64>() as f64 / map.extents.len().max(1) as f64;
+            let w = &c.result.window;
+            let experts_per_token = (w.hits + w.misses) as f64 / c.result.measured as f64;
+            Some(MemoryBound {
+                read_bw,
+                threads,
+                bytes_per_token: c.step_dense as f64 + experts_per_token * expert_bytes,
+                experts_per_token,
+                expert_bytes,
+            })
+        }
+        _ => None,
+    };
+
     // The disk: simulated bandwidth, or a sequential read of the model's own
     // expert extents with the same O_DIRECT setting.
     let sim = opts.disk_sim.as_deref().map(sim_bandwidth).transpose()?.flatten();
     let (disk_bw, disk_how) = match sim {
         Some(bw) => (bw, "simulated (--disk-sim bw)".to_string()),
         None => {
-            let ck = Checkpoint::open(&dir)?;
-            let (map, _) = cfg.expert_map(&ck, LoadOptions::default())?;
-            drop(ck);
             let storage = StorageOptions {
                 direct: opts.direct,
                 mmap: opts.mmap,
@@ -271,6 +322,27 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     };
 
     print_report(&dir, &cfg, &opts, &args, &work, &passes, disk_bw, &disk_how);
+    if let Some(m) = &memory_bound {
+        let mb = |b: f64| b / 1e6;
+        println!(
+            "memory read         {:>10.1} MB/s  (same run, {} threads, best of 5 passes over 512 MB)",
+            mb(m.read_bw),
+            m.threads
+        );
+        println!(
+            "memory bound        {:>10.3} tok/s  (memory read / {:.2} MB a token reads with every expert resident: dense step + {:.2} experts x {:.2} MB)",
+            m.tok_per_s(),
+            mb(m.bytes_per_token),
+            m.experts_per_token,
+            mb(m.expert_bytes)
+        );
+        if let Some(c) = passes.iter().find(|p| p.name == "all resident") {
+            println!(
+                "resident / memory   {:>10.3}       (all-resident decode tok/s / memory bound: the share of RAM bandwidth decode uses)",
+                c.result.tok_per_s() / m.tok_per_s()
+            );
+        }
+    }
 
     let first = &passes[0].result.tokens;
     let same = passes.iter().all(|p| &p.result.tokens == first);
