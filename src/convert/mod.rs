@@ -271,7 +271,11 @@ fn gather(src: &plan::Source, bytes: &[u8], scales: Option<&[u8]>) -> Result<Vec
                 for c in 0..cols {
                     let i = src.elem_start + r * rs + c * cs;
                     let byte = bytes[i / 2];
-                    let nibble = if i % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                    let nibble = if i.is_multiple_of(2) {
+                        byte & 0x0f
+                    } else {
+                        byte >> 4
+                    };
                     out.push(crate::quant::mxfp4_value(nibble, scales[i / 32]));
                 }
             }

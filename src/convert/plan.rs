@@ -391,6 +391,9 @@ fn gpt_oss_fused(name: &str) -> Option<(usize, GptOssPart)> {
     Some((l.parse().ok()?, part))
 }
 
+/// One expert's part of a fused tensor: (which, element offset, view).
+type ExpertPart = (usize, usize, View);
+
 /// The per-expert sources of one gpt-oss fused tensor: gate/up/down
 /// matrices (which 0..3) and their biases (which 3..6), as strided views.
 fn gpt_oss_sources(
@@ -424,71 +427,70 @@ fn gpt_oss_sources(
         col_stride,
     };
     // (expected shape, per-expert element count, [(which, offset, view)], scales)
-    let (want, per, parts, scales): (Vec<usize>, usize, Vec<(usize, usize, View)>, Option<String>) =
-        match part {
-            GptOssPart::Scales => {
-                let blocks = format!("{}_blocks", name.trim_end_matches("_scales"));
-                if !by_name.contains_key(blocks.as_str()) {
-                    return Err(bad(format!("MXFP4 scales without their blocks {blocks:?}")));
-                }
-                return Ok(());
+    let (want, per, parts, scales): (Vec<usize>, usize, Vec<ExpertPart>, Option<String>) = match part {
+        GptOssPart::Scales => {
+            let blocks = format!("{}_blocks", name.trim_end_matches("_scales"));
+            if !by_name.contains_key(blocks.as_str()) {
+                return Err(bad(format!("MXFP4 scales without their blocks {blocks:?}")));
             }
-            GptOssPart::GateUp => (
-                vec![n_exp, h, 2 * inter],
-                h * 2 * inter,
+            return Ok(());
+        }
+        GptOssPart::GateUp => (
+            vec![n_exp, h, 2 * inter],
+            h * 2 * inter,
+            vec![
+                (0, 0, strided(inter, h, 2, 2 * inter)),
+                (1, 1, strided(inter, h, 2, 2 * inter)),
+            ],
+            None,
+        ),
+        GptOssPart::Down => (
+            vec![n_exp, inter, h],
+            inter * h,
+            vec![(2, 0, strided(h, inter, 1, h))],
+            None,
+        ),
+        GptOssPart::GateUpBias => (
+            vec![n_exp, 2 * inter],
+            2 * inter,
+            vec![(3, 0, strided(1, inter, 0, 2)), (4, 1, strided(1, inter, 0, 2))],
+            None,
+        ),
+        GptOssPart::DownBias => (vec![n_exp, h], h, vec![(5, 0, View::Contiguous)], None),
+        GptOssPart::GateUpBlocks | GptOssPart::DownBlocks => {
+            let (rows, cols) = if part == GptOssPart::GateUpBlocks {
+                (2 * inter, h)
+            } else {
+                (h, inter)
+            };
+            if !cols.is_multiple_of(32) {
+                return Err(bad(format!(
+                    "MXFP4 rows of {cols} values are not whole blocks of 32"
+                )));
+            }
+            let sname = format!("{}_scales", name.trim_end_matches("_blocks"));
+            let Some(s) = by_name.get(sname.as_str()) else {
+                return Err(bad(format!("MXFP4 blocks without their scales {sname:?}")));
+            };
+            let swant = vec![n_exp, rows, cols / 32];
+            if s.dtype != Dtype::U8 || s.shape != swant {
+                return Err(bad(format!(
+                    "{sname}: expected U8 {swant:?}, found {} {:?}",
+                    s.dtype, s.shape
+                )));
+            }
+            let parts = if part == GptOssPart::GateUpBlocks {
+                // Output-major [2I, H]: gate is every even row, up every odd.
                 vec![
-                    (0, 0, strided(inter, h, 2, 2 * inter)),
-                    (1, 1, strided(inter, h, 2, 2 * inter)),
-                ],
-                None,
-            ),
-            GptOssPart::Down => (
-                vec![n_exp, inter, h],
-                inter * h,
-                vec![(2, 0, strided(h, inter, 1, h))],
-                None,
-            ),
-            GptOssPart::GateUpBias => (
-                vec![n_exp, 2 * inter],
-                2 * inter,
-                vec![(3, 0, strided(1, inter, 0, 2)), (4, 1, strided(1, inter, 0, 2))],
-                None,
-            ),
-            GptOssPart::DownBias => (vec![n_exp, h], h, vec![(5, 0, View::Contiguous)], None),
-            GptOssPart::GateUpBlocks | GptOssPart::DownBlocks => {
-                let (rows, cols) = if part == GptOssPart::GateUpBlocks {
-                    (2 * inter, h)
-                } else {
-                    (h, inter)
-                };
-                if !cols.is_multiple_of(32) {
-                    return Err(bad(format!(
-                        "MXFP4 rows of {cols} values are not whole blocks of 32"
-                    )));
-                }
-                let sname = format!("{}_scales", name.trim_end_matches("_blocks"));
-                let Some(s) = by_name.get(sname.as_str()) else {
-                    return Err(bad(format!("MXFP4 blocks without their scales {sname:?}")));
-                };
-                let swant = vec![n_exp, rows, cols / 32];
-                if s.dtype != Dtype::U8 || s.shape != swant {
-                    return Err(bad(format!(
-                        "{sname}: expected U8 {swant:?}, found {} {:?}",
-                        s.dtype, s.shape
-                    )));
-                }
-                let parts = if part == GptOssPart::GateUpBlocks {
-                    // Output-major [2I, H]: gate is every even row, up every odd.
-                    vec![
-                        (0, 0, mxfp4(inter, h, 2 * h, 1)),
-                        (1, h, mxfp4(inter, h, 2 * h, 1)),
-                    ]
-                } else {
-                    vec![(2, 0, mxfp4(h, inter, inter, 1))]
-                };
-                (vec![n_exp, rows, cols / 32, 16], rows * cols, parts, Some(sname))
-            }
-        };
+                    (0, 0, mxfp4(inter, h, 2 * h, 1)),
+                    (1, h, mxfp4(inter, h, 2 * h, 1)),
+                ]
+            } else {
+                vec![(2, 0, mxfp4(h, inter, inter, 1))]
+            };
+            (vec![n_exp, rows, cols / 32, 16], rows * cols, parts, Some(sname))
+        }
+    };
     let is_blocks = scales.is_some();
     let dtype_ok = if is_blocks {
         meta.dtype == Dtype::U8
