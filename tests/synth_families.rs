@@ -1,8 +1,10 @@
-//! `coli synth --preset qwen3-tiny / mixtral-tiny`: Qwen3-MoE- and
-//! Mixtral-shaped containers (grouped-query attention with a head size that
-//! is not hidden / heads, each family's own expert and router names) that
-//! the engine loads and decodes, with the same tokens mapped and streamed,
-//! the same bytes from the same seed, and `coli bench` running on them.
+//! `coli synth --preset qwen3-tiny / mixtral-tiny / glm4-tiny /
+//! gpt-oss-tiny`: Qwen3-MoE-, Mixtral-, GLM-4.x-MoE- and gpt-oss-shaped
+//! containers (grouped-query attention with a head size that is not
+//! hidden / heads, each family's own expert and router names, biases,
+//! sinks, dense and shared MLPs) that the engine loads and decodes, with
+//! the same tokens mapped and streamed, the same bytes from the same seed,
+//! and `coli bench` running on them.
 
 use std::path::Path;
 use std::process::Command;
@@ -27,7 +29,7 @@ fn decode(dir: &Path, spec: &SynthSpec, opts: &EngineOptions) -> Vec<u32> {
     let w = r.window;
     assert_eq!(
         (w.hits + w.misses) as usize,
-        4 * spec.layers * spec.top_k,
+        4 * spec.sparse_layers() * spec.top_k,
         "{opts:?}: every routed expert of every layer delivered: {w:?}"
     );
     r.tokens
@@ -51,15 +53,22 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     assert!(spec.heads > attn.kv_heads, "grouped-query attention");
     assert_ne!(attn.head_dim, spec.hidden / spec.heads);
     let qwen = matches!(spec.family, Family::Qwen3Moe { .. });
-    let naming = if qwen {
-        ExpertNaming::Mlp
-    } else {
+    let naming = if matches!(spec.family, Family::Mixtral { .. }) {
         ExpertNaming::BlockSparse
+    } else {
+        ExpertNaming::Mlp
     };
+    let router = |l: usize| match spec.family {
+        Family::GptOss { .. } => format!("model.layers.{l}.mlp.router.weight"),
+        _ => naming.router(l),
+    };
+    // Layer 1 is sparse in every preset (GLM-4's layer 0 is dense).
+    let sparse = spec.layers - spec.sparse_layers();
+    assert!(sparse <= 1);
 
     let dir = tmp.path().join("m");
     let report = synth(&spec, &dir, false).unwrap();
-    assert_eq!(report.experts, spec.layers * spec.experts);
+    assert_eq!(report.experts, spec.sparse_layers() * spec.experts);
     assert!(report.bytes < 1_000_000, "a few hundred KB: {}", report.bytes);
 
     let ck = Checkpoint::open(&dir).unwrap();
@@ -68,8 +77,8 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     let gate = ck.info(&naming.tensor(1, 3, 0)).unwrap();
     assert_eq!(gate.offset % ALIGN, 0, "each expert starts aligned");
     assert!(ck.has(&format!("{}.qs", naming.tensor(1, 3, 2))), "int8 experts");
-    assert!(ck.has(&naming.router(0)));
-    assert!(!ck.has(&format!("{}.qs", naming.router(0))), "router stays f32");
+    assert!(ck.has(&router(1)));
+    assert!(!ck.has(&format!("{}.qs", router(1))), "router stays f32");
     assert!(ck.has("model.layers.0.self_attn.k_proj.weight.qs"), "dense int8");
     let k = ck.info("model.layers.0.self_attn.k_proj.weight").unwrap();
     assert_eq!(k.shape, vec![attn.kv_heads * attn.head_dim, spec.hidden]);
@@ -77,6 +86,34 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     if qwen {
         let q_norm = ck.info("model.layers.0.self_attn.q_norm.weight").unwrap();
         assert_eq!(q_norm.shape, vec![attn.head_dim]);
+    }
+    match spec.family {
+        Family::Glm4Moe(_) => {
+            let b = ck.info("model.layers.0.self_attn.k_proj.bias").unwrap();
+            assert_eq!(b.shape, vec![attn.kv_heads * attn.head_dim]);
+            assert!(
+                ck.has("model.layers.0.mlp.down_proj.weight.qs"),
+                "the dense layer"
+            );
+            assert!(!ck.has(&naming.tensor(0, 0, 0)), "no experts in the dense layer");
+            assert!(ck.has("model.layers.1.mlp.shared_experts.up_proj.weight.qs"));
+            assert!(ck.has("model.layers.1.mlp.gate.e_score_correction_bias"));
+        }
+        Family::GptOss { .. } => {
+            assert_eq!(
+                ck.info("model.layers.1.self_attn.sinks").unwrap().shape,
+                vec![spec.heads]
+            );
+            assert!(ck.has("model.layers.1.self_attn.o_proj.bias"));
+            assert!(ck.has("model.layers.1.mlp.router.bias"));
+            // Each expert's biases come right after its three matrices.
+            let down = ck.info(&format!("{}.qs", naming.tensor(1, 3, 2))).unwrap();
+            let bias = ck.info(&naming.bias(1, 3, 0)).unwrap();
+            assert_eq!(bias.shape, vec![spec.intermediate]);
+            assert_eq!(bias.offset, down.offset + down.len);
+            assert_eq!(ck.info(&naming.bias(1, 3, 2)).unwrap().shape, vec![spec.hidden]);
+        }
+        _ => {}
     }
 
     // What `coli bench` reads: the family's config and its expert extents.
@@ -151,11 +188,21 @@ fn mixtral_tiny_loads_decodes_and_is_reproducible() {
     synth_load_decode("mixtral-tiny", "mixtral");
 }
 
+#[test]
+fn glm4_tiny_loads_decodes_and_is_reproducible() {
+    synth_load_decode("glm4-tiny", "glm4_moe");
+}
+
+#[test]
+fn gpt_oss_tiny_loads_decodes_and_is_reproducible() {
+    synth_load_decode("gpt-oss-tiny", "gpt_oss");
+}
+
 /// int4-gN experts (N dividing hidden and the expert intermediate size)
 /// decode too, on both families.
 #[test]
 fn grouped_int4_experts_decode() {
-    for preset in ["qwen3-tiny", "mixtral-tiny"] {
+    for preset in ["qwen3-tiny", "mixtral-tiny", "glm4-tiny", "gpt-oss-tiny"] {
         let tmp = tempfile::tempdir().unwrap();
         let spec = SynthSpec {
             expert_format: QFormat::Int4Grouped { group: 16 },
@@ -189,7 +236,12 @@ fn coli(args: &[&str], dir: &Path, state: &Path) -> (bool, String, String) {
 fn coli_synth_and_bench_on_the_new_presets() {
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state");
-    for (preset, model_type) in [("qwen3-tiny", "qwen3_moe"), ("mixtral-tiny", "mixtral")] {
+    for (preset, model_type) in [
+        ("qwen3-tiny", "qwen3_moe"),
+        ("mixtral-tiny", "mixtral"),
+        ("glm4-tiny", "glm4_moe"),
+        ("gpt-oss-tiny", "gpt_oss"),
+    ] {
         let dir = tmp.path().join(preset);
         let (ok, _, err) = coli(
             &["synth", "--preset", preset, "--seed", "3", "--output"],
@@ -231,7 +283,9 @@ fn coli_synth_and_bench_on_the_new_presets() {
         );
         assert!(stdout.contains("memory budget"), "{stdout}");
 
-        // The flags apply to the new families as to the others.
+        // The flags apply to the new families as to the others (GLM-4
+        // keeps a sparse layer after its dense one).
+        let layers = if model_type == "glm4_moe" { 2 } else { 1 };
         let small = tmp.path().join(format!("{preset}-flags"));
         let (ok, _, err) = coli(
             &[
@@ -239,7 +293,7 @@ fn coli_synth_and_bench_on_the_new_presets() {
                 "--preset",
                 preset,
                 "--layers",
-                "1",
+                &layers.to_string(),
                 "--experts",
                 "4",
                 "--top-k",
@@ -260,7 +314,7 @@ fn coli_synth_and_bench_on_the_new_presets() {
                 shape.num_experts,
                 shape.num_experts_per_tok
             ),
-            (1, 4, 1)
+            (layers, 4, 1)
         );
         assert_eq!((shape.hidden_size, shape.vocab_size), (64, 128));
     }
@@ -271,7 +325,9 @@ fn coli_synth_and_bench_on_the_new_presets() {
     );
     assert!(!ok);
     assert!(
-        err.contains("qwen3-30b-a3b") && err.contains("mixtral-tiny"),
+        ["qwen3-30b-a3b", "mixtral-tiny", "glm-4.5-air", "gpt-oss-tiny"]
+            .iter()
+            .all(|p| err.contains(p)),
         "{err}"
     );
 }

@@ -17,7 +17,9 @@ pub struct SynthArgs {
     /// real shape, int4-g64 experts; 4 layers, about 8.7 GB, by default),
     /// glm-tiny, qwen3-30b-a3b (Qwen3-30B-A3B's real shape, about 31 GB at
     /// int8), qwen3-tiny, mixtral-8x7b (Mixtral-8x7B's real shape, about
-    /// 47 GB at int8) or mixtral-tiny.
+    /// 47 GB at int8), mixtral-tiny, glm-4.5-air (GLM-4.5-Air's real shape,
+    /// about 107 GB at int8), glm4-tiny, gpt-oss-20b (gpt-oss-20b's real
+    /// shape, about 21 GB at int8) or gpt-oss-tiny.
     #[arg(long, default_value = "olmoe-1b-7b")]
     pub preset: String,
     /// Decoder layers (default: the preset's).
@@ -33,8 +35,8 @@ pub struct SynthArgs {
     #[arg(long)]
     pub scale: Option<f64>,
     /// Routed experts' format (default: the preset's, int8 for OLMoE,
-    /// Qwen3-MoE and Mixtral, int4-g64 for GLM; int4-gN is offered for
-    /// every family but OLMoE).
+    /// Qwen3-MoE, Mixtral, GLM-4.x and gpt-oss, int4-g64 for GLM-5; int4-gN
+    /// is offered for every family but OLMoE).
     #[arg(long)]
     pub expert_format: Option<String>,
     /// Dense matrices: int8 or f32 (norms and router always stay f32).

@@ -391,6 +391,9 @@ fn gpt_oss_fused(name: &str) -> Option<(usize, GptOssPart)> {
     Some((l.parse().ok()?, part))
 }
 
+/// One expert's part of a fused tensor: (which, element offset, view).
+type ExpertPart = (usize, usize, View);
+
 /// The per-expert sources of one gpt-oss fused tensor: gate/up/down
 /// matrices (which 0..3) and their biases (which 3..6), as strided views.
 fn gpt_oss_sources(
@@ -424,8 +427,7 @@ fn gpt_oss_sources(
         col_stride,
     };
     // (expected shape, per-expert element count, [(which, offset, view)], scales)
-    type Layout = (Vec<usize>, usize, Vec<(usize, usize, View)>, Option<String>);
-    let (want, per, parts, scales): Layout = match part {
+    let (want, per, parts, scales): (Vec<usize>, usize, Vec<ExpertPart>, Option<String>) = match part {
         GptOssPart::Scales => {
             let blocks = format!("{}_blocks", name.trim_end_matches("_scales"));
             if !by_name.contains_key(blocks.as_str()) {
@@ -616,6 +618,33 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
             if expert_src.insert((l, e, which), src).is_some() {
                 return Err(bad(format!("expert {e} is given both fused and per-expert")));
             }
+        } else if let Some((l, e, which)) = spec.naming.parse_bias(name).filter(|_| spec.expert_bias) {
+            // A per-expert bias, as a gpt-oss container (or `coli synth`)
+            // writes it: which 3, 4, 5 for gate, up, down.
+            if !spec.expert_layers[l] || e >= n_exp {
+                return Err(bad(format!(
+                    "no such routed expert (layer {l} {} routed experts, the model has {n_exp} per layer)",
+                    if spec.expert_layers[l] { "has" } else { "has no" }
+                )));
+            }
+            let want = if which == 2 { h } else { inter };
+            if meta.shape != [want] || !is_float(meta.dtype) {
+                return Err(bad(format!(
+                    "expected a float expert bias of shape [{want}], found {} {:?}",
+                    meta.dtype, meta.shape
+                )));
+            }
+            let src = Source {
+                tensor: name.to_string(),
+                dtype: meta.dtype,
+                elem_start: 0,
+                elems,
+                scale_inv: None,
+                view: View::Contiguous,
+            };
+            if expert_src.insert((l, e, 3 + which), src).is_some() {
+                return Err(bad(format!("expert {e} is given both fused and per-expert")));
+            }
         } else if let Some((l, is_down)) = split_fused(name).filter(|_| spec.fused == FusedLayout::Stacked) {
             let want = if is_down {
                 vec![n_exp, h, inter]
@@ -776,5 +805,124 @@ mod tests {
         assert!(!keeps_f32("model.layers.0.self_attn.q_proj.weight", &[32, 32]));
         assert_eq!(layer_of("model.layers.12.mlp.gate.weight"), Some(12));
         assert_eq!(layer_of("model.norm.weight"), None);
+    }
+}
+
+#[cfg(test)]
+mod expert_bias_tests {
+    use super::*;
+    fn gpt_oss_spec() -> ModelSpec {
+        let cfg = crate::config::gpt_oss::from_json(
+            Path::new("c.json"),
+            serde_json::json!({
+                "model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 8, "num_local_experts": 2, "num_experts_per_tok": 1,
+                "max_position_embeddings": 256, "rope_scaling": null
+            }),
+        )
+        .unwrap();
+        ModelSpec::moe_decoder(&cfg, QFormat::Int8, QFormat::Int8)
+    }
+
+    fn input(name: String, shape: Vec<usize>) -> InputTensor {
+        InputTensor {
+            name,
+            dtype: Dtype::F32,
+            shape,
+            path: PathBuf::from("x"),
+        }
+    }
+
+    /// Every expert of a per-expert gpt-oss checkpoint (a container, or
+    /// `coli synth`'s inputs): matrices and biases, sorted by name.
+    fn per_expert_inputs(spec: &ModelSpec) -> Vec<InputTensor> {
+        let (h, i) = (spec.hidden, spec.inter);
+        let mut out = vec![input("model.norm.weight".into(), vec![h])];
+        for l in 0..2 {
+            for e in 0..spec.n_experts {
+                for (which, shape) in [[i, h], [i, h], [h, i]].into_iter().enumerate() {
+                    out.push(input(spec.naming.tensor(l, e, which), shape.to_vec()));
+                    let len = if which == 2 { h } else { i };
+                    out.push(input(spec.naming.bias(l, e, which), vec![len]));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    #[test]
+    fn per_expert_biases_are_expert_sources() {
+        let spec = gpt_oss_spec();
+        assert!(spec.expert_bias);
+        let naming = spec.naming;
+        assert_eq!(
+            naming.parse_bias("model.layers.1.mlp.experts.3.up_proj.bias"),
+            Some((1, 3, 1))
+        );
+        assert_eq!(
+            naming.parse_bias("model.layers.1.mlp.experts.3.up_proj.weight"),
+            None
+        );
+        assert_eq!(naming.parse("model.layers.1.mlp.experts.3.up_proj.bias"), None);
+
+        let inputs = per_expert_inputs(&spec);
+        let jobs = plan(&inputs, Path::new("x"), &spec).unwrap();
+        assert_eq!(jobs.len(), 1 + 2 * 2 * 6, "the norm, then six tensors per expert");
+        assert!(!jobs[0].expert);
+        // Each expert: gate, up, down (quantized, the gate aligned), then
+        // their biases (kept f32, copied), in the converter's order.
+        for (k, job) in jobs[1..].iter().enumerate() {
+            let (le, which) = (k / 6, k % 6);
+            let (l, e) = (le / 2, le % 2);
+            assert!(job.expert);
+            assert_eq!(job.align, which == 0, "{}", job.name);
+            if which < 3 {
+                assert_eq!(job.name, naming.tensor(l, e, which));
+                assert_eq!(job.kind, Kind::Quant(QFormat::Int8));
+            } else {
+                assert_eq!(job.name, naming.bias(l, e, which - 3));
+                assert_eq!(job.source.tensor, job.name, "read from the per-expert bias");
+                assert_eq!(job.kind, Kind::Raw);
+                assert_eq!(job.shape, vec![if which == 5 { 32 } else { 16 }]);
+            }
+        }
+
+        // A missing bias, a bias of the wrong size, and a bias of an
+        // expert that does not exist are refused by name.
+        let missing: Vec<_> = inputs
+            .iter()
+            .filter(|t| t.name != naming.bias(1, 1, 2))
+            .cloned()
+            .collect();
+        let err = plan(&missing, Path::new("x"), &spec).unwrap_err().to_string();
+        assert!(
+            err.contains(&naming.bias(1, 1, 2)) && err.contains("missing"),
+            "{err}"
+        );
+        let mut wrong = inputs.clone();
+        let at = wrong.iter().position(|t| t.name == naming.bias(0, 1, 0)).unwrap();
+        wrong[at].shape = vec![32];
+        let err = plan(&wrong, Path::new("x"), &spec).unwrap_err().to_string();
+        assert!(err.contains("expert bias of shape [16]"), "{err}");
+        let mut extra = inputs;
+        extra.push(input(naming.bias(0, 2, 2), vec![32]));
+        extra.sort_by(|a, b| a.name.cmp(&b.name));
+        let err = plan(&extra, Path::new("x"), &spec).unwrap_err().to_string();
+        assert!(err.contains("no such routed expert"), "{err}");
+
+        // Without expert biases (every other family) a per-expert `.bias`
+        // stays an ordinary tensor, as before.
+        let mut plain = gpt_oss_spec();
+        plain.expert_bias = false;
+        let weights: Vec<_> = per_expert_inputs(&plain)
+            .into_iter()
+            .filter(|t| !t.name.ends_with(".bias") || t.name == naming.bias(0, 0, 0))
+            .collect();
+        let jobs = plan(&weights, Path::new("x"), &plain).unwrap();
+        assert_eq!(jobs.len(), 2 + 2 * 2 * 3);
+        let bias = jobs.iter().find(|j| j.name == naming.bias(0, 0, 0)).unwrap();
+        assert!(!bias.expert);
     }
 }

@@ -375,11 +375,21 @@ impl ExpertNaming {
 
     /// `(layer, expert, which)` of an expert tensor named in this scheme.
     pub fn parse(self, name: &str) -> Option<(usize, usize, usize)> {
+        self.parse_suffix(name, ".weight")
+    }
+
+    /// `(layer, expert, which)` of an expert bias named in this scheme
+    /// (`….experts.E.{gate,up,down}_proj.bias`, gpt-oss containers).
+    pub fn parse_bias(self, name: &str) -> Option<(usize, usize, usize)> {
+        self.parse_suffix(name, ".bias")
+    }
+
+    fn parse_suffix(self, name: &str, suffix: &str) -> Option<(usize, usize, usize)> {
         let rest = name.strip_prefix("model.layers.")?;
         let (l, rest) = rest.split_once('.')?;
         let rest = rest.strip_prefix(self.block())?.strip_prefix(".experts.")?;
         let (e, rest) = rest.split_once('.')?;
-        let proj = rest.strip_suffix(".weight")?;
+        let proj = rest.strip_suffix(suffix)?;
         let which = self.projections().iter().position(|p| *p == proj)?;
         Some((l.parse().ok()?, e.parse().ok()?, which))
     }

@@ -15,7 +15,7 @@ mod rng;
 mod shape;
 mod spec;
 
-pub use decoder::DecoderShape;
+pub use decoder::{DecoderShape, Glm4Shape};
 pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
 pub use glm::GlmShape;
 pub use measure::{
@@ -27,7 +27,7 @@ pub use spec::{Family, SpecError, SynthSpec};
 
 use std::path::Path;
 
-use crate::config::{GlmConfig, MoeDecoderConfig, OlmoeConfig};
+use crate::config::{GlmConfig, OlmoeConfig};
 use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput, ModelSpec};
 
 /// Why a synthetic model could not be written.
@@ -75,8 +75,8 @@ pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertR
             let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
             ModelSpec::olmoe(&cfg, experts, dense)
         }
-        Family::Qwen3Moe { .. } | Family::Mixtral { .. } => {
-            let cfg = MoeDecoderConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
+        Family::Qwen3Moe { .. } | Family::Mixtral { .. } | Family::Glm4Moe(_) | Family::GptOss { .. } => {
+            let cfg = spec.decoder_config(&cfg_path).map_err(ConvertError::from)?;
             ModelSpec::moe_decoder(&cfg, experts, dense)
         }
         Family::Glm(_) => {

@@ -2,8 +2,9 @@
 //!
 //! `coli bench` sizes its prompt, its all-resident pass and its disk probe
 //! from the vocabulary, the expert count and the expert map; this reads them
-//! from an OLMoE, Qwen3-MoE, Mixtral or GLM-5 / DeepSeek-V3 config.json, so the same bench
-//! runs on `coli synth`'s GLM-shaped containers.
+//! from an OLMoE, Qwen3-MoE, Mixtral, GLM-4.x MoE, gpt-oss or GLM-5 /
+//! DeepSeek-V3 config.json, so the same bench runs on every family
+//! `coli synth` writes.
 
 use std::path::Path;
 

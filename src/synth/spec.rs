@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use super::{DecoderShape, GlmShape};
-use crate::config::{GlmConfig, MoeDecoderConfig};
+use super::{DecoderShape, Glm4Shape, GlmShape};
+use crate::config::{ConfigError, GlmConfig, MoeDecoderConfig};
 use crate::convert::InputTensor;
 use crate::model::expert::ExpertNaming;
 use crate::quant::QFormat;
@@ -33,6 +33,19 @@ pub enum Family {
     /// more than OLMoE's fields; `intermediate` is then the routed experts'
     /// (`moe_intermediate_size`).
     Glm(GlmShape),
+    /// GLM-4.x MoE (`glm4_moe`): grouped-query attention with q/k/v
+    /// biases and partial rotary, leading dense layers, then a sigmoid
+    /// router with a correction bias and shared experts; `intermediate` is
+    /// the routed experts' (`moe_intermediate_size`).
+    Glm4Moe(Glm4Shape),
+    /// gpt-oss (`gpt_oss`): grouped-query attention with biases on every
+    /// projection and one sink per head, layers alternating between a
+    /// `sliding_window`-position window and full attention (sliding first),
+    /// YaRN RoPE, a biased router, experts with biases and a clamped SwiGLU.
+    GptOss {
+        attn: DecoderShape,
+        sliding_window: usize,
+    },
 }
 
 impl Family {
@@ -43,6 +56,8 @@ impl Family {
             Family::Qwen3Moe { .. } => "qwen3_moe",
             Family::Mixtral { .. } => "mixtral",
             Family::Glm(_) => "glm_moe_dsa",
+            Family::Glm4Moe(_) => "glm4_moe",
+            Family::GptOss { .. } => "gpt_oss",
         }
     }
 
@@ -53,13 +68,19 @@ impl Family {
             Family::Qwen3Moe { .. } => "Qwen3-MoE",
             Family::Mixtral { .. } => "Mixtral",
             Family::Glm(_) => "GLM",
+            Family::Glm4Moe(_) => "GLM-4",
+            Family::GptOss { .. } => "gpt-oss",
         }
     }
 
-    /// The grouped-query attention sizes of a Qwen3-MoE or Mixtral family.
+    /// The grouped-query attention sizes of a Llama-style decoder family
+    /// (Qwen3-MoE, Mixtral, GLM-4.x MoE, gpt-oss).
     pub fn decoder(&self) -> Option<&DecoderShape> {
         match self {
-            Family::Qwen3Moe { attn, .. } | Family::Mixtral { attn } => Some(attn),
+            Family::Qwen3Moe { attn, .. } | Family::Mixtral { attn } | Family::GptOss { attn, .. } => {
+                Some(attn)
+            }
+            Family::Glm4Moe(g) => Some(&g.attn),
             Family::Olmoe | Family::Glm(_) => None,
         }
     }
@@ -93,7 +114,7 @@ pub struct SynthSpec {
 pub enum SpecError {
     #[error(
         "unknown preset {0:?} (use olmoe-1b-7b, small, tiny, glm-5, glm-tiny, qwen3-30b-a3b, qwen3-tiny, \
-         mixtral-8x7b or mixtral-tiny)"
+         mixtral-8x7b, mixtral-tiny, glm-4.5-air, glm4-tiny, gpt-oss-20b or gpt-oss-tiny)"
     )]
     Preset(String),
     #[error("{0}")]
@@ -297,6 +318,132 @@ impl SynthSpec {
         }
     }
 
+    /// GLM-4.5-Air's real shape (vocabulary 151552, hidden 4096, 46
+    /// layers of which the first is dense, 96 query heads and 8 KV heads
+    /// of 128 with half of each rotated, q/k/v biases, 128 routed experts
+    /// top-8 of intermediate 1408 plus one shared, dense MLP 10944) with
+    /// int8 experts, like the other Llama-style decoder presets: about
+    /// 110 GB. Positions are capped at 4096 (the real model has 131072);
+    /// the next-token (MTP) layer is left out, as for GLM-5.
+    pub fn glm45_air() -> Self {
+        Self {
+            vocab: 151552,
+            hidden: 4096,
+            layers: 46,
+            heads: 96,
+            experts: 128,
+            top_k: 8,
+            intermediate: 1408,
+            max_position_embeddings: 4096,
+            rope_theta: 1_000_000.0,
+            rms_norm_eps: 1e-5,
+            expert_format: QFormat::Int8,
+            dense_format: QFormat::Int8,
+            seed: 0,
+            family: Family::Glm4Moe(Glm4Shape {
+                attn: DecoderShape {
+                    kv_heads: 8,
+                    head_dim: 128,
+                },
+                dense_intermediate: 10944,
+                first_dense: 1,
+                n_shared_experts: 1,
+                n_group: 1,
+                topk_group: 1,
+                routed_scaling_factor: 1.0,
+                partial_rotary_factor: 0.5,
+                qk_norm: false,
+            }),
+        }
+    }
+
+    /// The GLM-4.5-Air layout at a few hundred KB (one dense layer then
+    /// two sparse ones, grouped-query heads of 24 where hidden / heads is
+    /// 16): for tests.
+    pub fn glm4_tiny() -> Self {
+        Self {
+            vocab: 256,
+            hidden: 64,
+            layers: 3,
+            heads: 4,
+            experts: 8,
+            top_k: 2,
+            intermediate: 32,
+            max_position_embeddings: 256,
+            family: Family::Glm4Moe(Glm4Shape {
+                attn: DecoderShape {
+                    kv_heads: 2,
+                    head_dim: 24,
+                },
+                dense_intermediate: 96,
+                first_dense: 1,
+                n_shared_experts: 1,
+                n_group: 1,
+                topk_group: 1,
+                routed_scaling_factor: 1.0,
+                partial_rotary_factor: 0.5,
+                qk_norm: false,
+            }),
+            ..Self::glm45_air()
+        }
+    }
+
+    /// gpt-oss-20b's real shape (vocabulary 201088, hidden 2880, 24
+    /// layers alternating a 128-position window and full attention, 64
+    /// query heads and 8 KV heads of 64, 32 experts top-4 of intermediate
+    /// 2880) with int8 experts, like the other Llama-style decoder
+    /// presets: about 21 GB (the real MXFP4 release is about 13 GB).
+    /// Positions are capped at 4096 (the real model has 131072; YaRN's
+    /// original context is 4096 either way).
+    pub fn gpt_oss_20b() -> Self {
+        Self {
+            vocab: 201088,
+            hidden: 2880,
+            layers: 24,
+            heads: 64,
+            experts: 32,
+            top_k: 4,
+            intermediate: 2880,
+            max_position_embeddings: 4096,
+            rope_theta: 150_000.0,
+            rms_norm_eps: 1e-5,
+            expert_format: QFormat::Int8,
+            dense_format: QFormat::Int8,
+            seed: 0,
+            family: Family::GptOss {
+                attn: DecoderShape {
+                    kv_heads: 8,
+                    head_dim: 64,
+                },
+                sliding_window: 128,
+            },
+        }
+    }
+
+    /// The gpt-oss layout at a few hundred KB (a sliding layer of a
+    /// 4-position window, so a short test decode slides, then a full one;
+    /// grouped-query heads of 24 where hidden / heads is 16): for tests.
+    pub fn gpt_oss_tiny() -> Self {
+        Self {
+            vocab: 256,
+            hidden: 64,
+            layers: 2,
+            heads: 4,
+            experts: 8,
+            top_k: 2,
+            intermediate: 32,
+            max_position_embeddings: 256,
+            family: Family::GptOss {
+                attn: DecoderShape {
+                    kv_heads: 2,
+                    head_dim: 24,
+                },
+                sliding_window: 4,
+            },
+            ..Self::gpt_oss_20b()
+        }
+    }
+
     pub fn preset(name: &str) -> Result<Self, SpecError> {
         match name {
             "olmoe-1b-7b" => Ok(Self::olmoe_1b_7b()),
@@ -308,14 +455,19 @@ impl SynthSpec {
             "qwen3-tiny" => Ok(Self::qwen3_tiny()),
             "mixtral-8x7b" => Ok(Self::mixtral_8x7b()),
             "mixtral-tiny" => Ok(Self::mixtral_tiny()),
+            "glm-4.5-air" => Ok(Self::glm45_air()),
+            "glm4-tiny" => Ok(Self::glm4_tiny()),
+            "gpt-oss-20b" => Ok(Self::gpt_oss_20b()),
+            "gpt-oss-tiny" => Ok(Self::gpt_oss_tiny()),
             _ => Err(SpecError::Preset(name.to_string())),
         }
     }
 
     /// Multiplies vocab, hidden and intermediate sizes by `factor` (in
     /// (0, 1]). OLMoE's hidden stays a multiple of 2 × heads so its heads
-    /// (hidden / heads) stay even; Qwen3-MoE's and Mixtral's heads have
-    /// their own size, kept, and hidden stays a multiple of 64.
+    /// (hidden / heads) stay even; the Llama-style decoders' heads (Qwen3-MoE,
+    /// Mixtral, GLM-4.x, gpt-oss) have their own size, kept, and hidden
+    /// stays a multiple of 64 (a dense intermediate size is scaled too).
     pub fn scaled(mut self, factor: f64) -> Result<Self, SpecError> {
         if !(factor > 0.0 && factor <= 1.0) {
             return Err(SpecError::Invalid(format!(
@@ -331,7 +483,11 @@ impl SynthSpec {
                 *dense_intermediate = round(*dense_intermediate, 8);
                 64
             }
-            Family::Mixtral { .. } => 64,
+            Family::Glm4Moe(g) => {
+                g.dense_intermediate = round(g.dense_intermediate, 8);
+                64
+            }
+            Family::Mixtral { .. } | Family::GptOss { .. } => 64,
             Family::Glm(_) => {
                 return Err(SpecError::Invalid(
                     "--scale is not offered for GLM presets (glm-tiny is the small one)".into(),
@@ -345,7 +501,7 @@ impl SynthSpec {
     }
 
     /// Size of one attention head: hidden / heads for OLMoE, the family's
-    /// own for Qwen3-MoE and Mixtral.
+    /// own for the Llama-style decoders.
     pub fn head_dim(&self) -> usize {
         match self.family.decoder() {
             Some(attn) => attn.head_dim,
@@ -357,7 +513,10 @@ impl SynthSpec {
     pub fn sparse_layers(&self) -> usize {
         match &self.family {
             Family::Glm(g) => self.layers.saturating_sub(g.first_dense),
-            Family::Olmoe | Family::Qwen3Moe { .. } | Family::Mixtral { .. } => self.layers,
+            Family::Glm4Moe(g) => self.layers.saturating_sub(g.first_dense),
+            Family::Olmoe | Family::Qwen3Moe { .. } | Family::Mixtral { .. } | Family::GptOss { .. } => {
+                self.layers
+            }
         }
     }
 
@@ -383,7 +542,9 @@ impl SynthSpec {
         match &self.family {
             Family::Olmoe => self.validate_olmoe(),
             Family::Glm(g) => self.validate_glm(g),
-            Family::Qwen3Moe { .. } | Family::Mixtral { .. } => self.validate_decoder(),
+            Family::Qwen3Moe { .. } | Family::Mixtral { .. } | Family::Glm4Moe(_) | Family::GptOss { .. } => {
+                self.validate_decoder()
+            }
         }
     }
 
@@ -422,18 +583,31 @@ impl SynthSpec {
             .map_err(|e| SpecError::Invalid(e.to_string()))
     }
 
-    /// Qwen3-MoE's and Mixtral's checks: formats the loader reads, and the
+    /// The Llama-style decoders' checks: formats the loader reads, and the
     /// loader's own config validation (grouped-query heads, even head
-    /// size) on the config.json this spec writes.
+    /// size, a sparse layer after GLM-4's dense ones) on the config.json
+    /// this spec writes.
     fn validate_decoder(&self) -> Result<(), SpecError> {
         self.check_formats(self.family.name())?;
-        MoeDecoderConfig::from_json(Path::new("config.json"), self.config_json())
+        self.decoder_config(Path::new("config.json"))
             .map(|_| ())
             .map_err(|e| SpecError::Invalid(e.to_string()))
     }
 
+    /// The config.json this spec writes, parsed by the engine's own parser
+    /// for the family (named `path` in errors). Only for the Llama-style
+    /// decoders, which share [`MoeDecoderConfig`].
+    pub(crate) fn decoder_config(&self, path: &Path) -> Result<MoeDecoderConfig, ConfigError> {
+        let json = self.config_json();
+        match self.family {
+            Family::Glm4Moe(_) => crate::config::glm4_moe::from_json(path, json),
+            Family::GptOss { .. } => crate::config::gpt_oss::from_json(path, json),
+            _ => MoeDecoderConfig::from_json(path, json),
+        }
+    }
+
     /// Dense int8 or f32; experts int8, f32 or int4-gN with N dividing
-    /// both sides of every expert matrix (GLM, Qwen3-MoE and Mixtral).
+    /// both sides of every expert matrix (every family but OLMoE).
     fn check_formats(&self, family: &str) -> Result<(), SpecError> {
         let bad = |s: String| Err(SpecError::Invalid(s));
         if !matches!(self.dense_format, QFormat::F32 | QFormat::Int8) {
@@ -459,12 +633,15 @@ impl SynthSpec {
 
     /// The id generation stops at: the real model's when the vocabulary
     /// has it (OLMoE's for OLMoE and GLM, Qwen3's `<|im_end|>`, Mixtral's
-    /// `</s>`), else the last id.
+    /// `</s>`, GLM-4's `<|endoftext|>`, gpt-oss's `<|return|>`), else the
+    /// last id.
     pub fn eos_id(&self) -> usize {
         let real = match self.family {
             Family::Olmoe | Family::Glm(_) => 50279,
             Family::Qwen3Moe { .. } => 151645,
             Family::Mixtral { .. } => 2,
+            Family::Glm4Moe(_) => 151329,
+            Family::GptOss { .. } => 200002,
         };
         if self.vocab > real { real } else { self.vocab - 1 }
     }
@@ -479,7 +656,95 @@ impl SynthSpec {
                 dense_intermediate,
             } => self.qwen3_config_json(attn, *dense_intermediate),
             Family::Mixtral { attn } => self.mixtral_config_json(attn),
+            Family::Glm4Moe(g) => self.glm4_config_json(g),
+            Family::GptOss { attn, sliding_window } => self.gpt_oss_config_json(attn, *sliding_window),
         }
+    }
+
+    /// config.json as transformers writes it for `glm4_moe` (no MTP layer:
+    /// the synthetic model has none).
+    fn glm4_config_json(&self, g: &Glm4Shape) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["Glm4MoeForCausalLM"],
+            "model_type": "glm4_moe",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": g.dense_intermediate,
+            "moe_intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": g.attn.kv_heads,
+            "head_dim": g.attn.head_dim,
+            "partial_rotary_factor": g.partial_rotary_factor,
+            "attention_bias": true,
+            "use_qk_norm": g.qk_norm,
+            "n_routed_experts": self.experts,
+            "n_shared_experts": g.n_shared_experts,
+            "num_experts_per_tok": self.top_k,
+            "n_group": g.n_group,
+            "topk_group": g.topk_group,
+            "routed_scaling_factor": g.routed_scaling_factor,
+            "norm_topk_prob": true,
+            "first_k_dense_replace": g.first_dense,
+            "num_nextn_predict_layers": 0,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": null,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": "silu",
+            "tie_word_embeddings": false,
+            "bos_token_id": null,
+            "eos_token_id": self.eos_id(),
+            "colibri_synthetic": { "seed": self.seed },
+        })
+    }
+
+    /// config.json as transformers writes it for `gpt_oss` (layers
+    /// alternate sliding and full attention, sliding first; gpt-oss's own
+    /// YaRN and SwiGLU clamp).
+    fn gpt_oss_config_json(&self, attn: &DecoderShape, sliding_window: usize) -> serde_json::Value {
+        let layer_types: Vec<&str> = (0..self.layers)
+            .map(|l| {
+                if l % 2 == 0 {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        serde_json::json!({
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": attn.kv_heads,
+            "head_dim": attn.head_dim,
+            "num_local_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "sliding_window": sliding_window,
+            "layer_types": layer_types,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": false,
+                "original_max_position_embeddings": 4096,
+            },
+            "swiglu_limit": 7.0,
+            "rms_norm_eps": self.rms_norm_eps,
+            "attention_bias": true,
+            "hidden_act": "silu",
+            "tie_word_embeddings": false,
+            "bos_token_id": null,
+            "eos_token_id": self.eos_id(),
+            "colibri_synthetic": { "seed": self.seed },
+        })
     }
 
     fn olmoe_config_json(&self) -> serde_json::Value {
@@ -629,6 +894,8 @@ impl SynthSpec {
                 Family::Glm(g) => g.layer_tensors(l, h, self.heads, self.experts, inter),
                 Family::Qwen3Moe { attn, .. } => attn.layer_tensors(l, dims, true, ExpertNaming::Mlp),
                 Family::Mixtral { attn } => attn.layer_tensors(l, dims, false, ExpertNaming::BlockSparse),
+                Family::Glm4Moe(g) => g.layer_tensors(l, dims),
+                Family::GptOss { attn, .. } => attn.gpt_oss_layer_tensors(l, dims),
             });
         }
         out.sort();
@@ -668,13 +935,14 @@ impl SynthSpec {
     /// in `base ± amplitude`. Matrices get variance 1 / fan_in (so every
     /// projection keeps activations at unit scale and nothing overflows over
     /// 16 layers); the router twice that, so routing is decided by the token
-    /// and varies; norms scatter around 1, biases (GLM's router correction
-    /// and indexer key norm) around 0.
+    /// and varies; norms scatter around 1, biases (attention, router and
+    /// expert biases, GLM's router correction and indexer key norm) and
+    /// gpt-oss's attention sinks around 0.
     pub(crate) fn distribution(&self, name: &str, shape: &[usize]) -> (f32, f32) {
         const SQRT3: f32 = 1.732_050_8;
         let unit = |fan_in: usize| SQRT3 / (fan_in as f32).sqrt();
         if shape.len() == 1 {
-            return if name.ends_with("bias") {
+            return if name.ends_with("bias") || name.ends_with("sinks") {
                 (0.0, 0.1)
             } else {
                 (1.0, 0.1)
@@ -683,7 +951,10 @@ impl SynthSpec {
         let fan_in = shape[1];
         if name == "model.embed_tokens.weight" {
             (0.0, SQRT3)
-        } else if name.ends_with("mlp.gate.weight") || name.ends_with("block_sparse_moe.gate.weight") {
+        } else if name.ends_with("mlp.gate.weight")
+            || name.ends_with("block_sparse_moe.gate.weight")
+            || name.ends_with("mlp.router.weight")
+        {
             (0.0, 2.0 * unit(fan_in))
         } else if name.ends_with("o_proj.weight")
             || name.ends_with("down_proj.weight")
@@ -755,7 +1026,7 @@ mod tests {
     /// Bytes of the container `spec` would be, from the planner's entries
     /// (each expert's start rounded up to the 4096-byte alignment).
     fn planned_bytes(s: &SynthSpec) -> u64 {
-        let cfg = MoeDecoderConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
+        let cfg = s.decoder_config(Path::new("c.json")).unwrap();
         let model = crate::convert::ModelSpec::moe_decoder(&cfg, s.expert_format, s.dense_format);
         let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
         let align = crate::convert::ALIGN;
@@ -883,6 +1154,206 @@ mod tests {
             let kb = planned_bytes(&s) / 1000;
             assert!((100..1000).contains(&kb), "{kb} KB");
         }
+    }
+
+    #[test]
+    fn glm4_and_gpt_oss_presets_are_valid_and_have_the_real_shapes() {
+        for p in ["glm-4.5-air", "glm4-tiny", "gpt-oss-20b", "gpt-oss-tiny"] {
+            let s = SynthSpec::preset(p).unwrap();
+            s.validate().unwrap();
+            let inputs = s.inputs(Path::new("x"));
+            assert!(inputs.windows(2).all(|w| w[0].name < w[1].name), "{p}");
+            let attn = s.family.decoder().unwrap().clone();
+            assert!(s.heads > attn.kv_heads, "{p}: grouped-query attention");
+            assert_eq!(s.head_dim(), attn.head_dim);
+            let cfg = s.decoder_config(Path::new("c.json")).unwrap();
+            assert_eq!(cfg.model_type, s.family.model_type());
+            assert_eq!(
+                (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers),
+                (s.vocab, s.hidden, s.layers)
+            );
+            assert_eq!(
+                (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
+                (s.heads, attn.kv_heads, attn.head_dim)
+            );
+            assert_eq!(
+                (
+                    cfg.num_experts,
+                    cfg.num_experts_per_tok,
+                    cfg.moe_intermediate_size
+                ),
+                (s.experts, s.top_k, s.intermediate)
+            );
+            assert_eq!(
+                (cfg.rope_theta, cfg.max_position_embeddings),
+                (s.rope_theta, s.max_position_embeddings)
+            );
+            assert!(cfg.eos_ids().iter().all(|&t| (t as usize) < s.vocab), "{p}");
+            assert!(cfg.qkv_bias && !cfg.tie_word_embeddings, "{p}");
+            let find = |name: &str| {
+                inputs
+                    .iter()
+                    .find(|t| t.name == name)
+                    .unwrap_or_else(|| panic!("{p}: {name}"))
+                    .shape
+                    .clone()
+            };
+            let (h, i, ne) = (s.hidden, s.intermediate, s.experts);
+            let (q, kv) = (s.heads * attn.head_dim, attn.kv_heads * attn.head_dim);
+            let l = s.layers - 1;
+            let n = |rest: &str| format!("model.layers.{l}.{rest}");
+            assert_eq!(find(&n("self_attn.q_proj.weight")), vec![q, h]);
+            assert_eq!(find(&n("self_attn.q_proj.bias")), vec![q]);
+            assert_eq!(find(&n("self_attn.k_proj.bias")), vec![kv]);
+            assert_eq!(find(&n("self_attn.v_proj.bias")), vec![kv]);
+            let naming = ExpertNaming::Mlp;
+            assert_eq!(find(&naming.tensor(l, ne - 1, 1)), vec![i, h]);
+            assert_eq!(find(&naming.tensor(l, ne - 1, 2)), vec![h, i]);
+            let amp = |name: &str| s.distribution(name, &find(name));
+            let unit = |fan_in: usize| 1.732_050_8 / (fan_in as f32).sqrt();
+            assert_eq!(amp(&n("self_attn.q_proj.bias")), (0.0, 0.1));
+            match &s.family {
+                Family::Glm4Moe(g) => {
+                    assert_eq!(
+                        cfg.rotary_dim,
+                        attn.head_dim / 2,
+                        "{p}: half of each head rotates"
+                    );
+                    assert_eq!(cfg.first_k_dense_replace, g.first_dense);
+                    assert_eq!(cfg.shared_intermediate, i * g.n_shared_experts);
+                    assert_eq!(cfg.intermediate_size, g.dense_intermediate);
+                    assert_eq!(s.sparse_layers(), s.layers - 1);
+                    let mut sparse = vec![true; s.layers];
+                    sparse[0] = false;
+                    assert_eq!(cfg.sparse_layers(), sparse);
+                    // 4 projections, 3 biases, 2 layer norms; a dense MLP,
+                    // or the router, its correction bias, the shared
+                    // expert and the routed ones.
+                    assert_eq!(
+                        inputs.len(),
+                        3 + s.layers * 9 + 3 + s.sparse_layers() * (2 + 3 + 3 * ne),
+                        "{p}: every tensor once"
+                    );
+                    assert_eq!(
+                        find("model.layers.0.mlp.up_proj.weight"),
+                        vec![g.dense_intermediate, h]
+                    );
+                    assert_eq!(find(&n("mlp.shared_experts.down_proj.weight")), vec![h, i]);
+                    assert_eq!(find(&n("mlp.gate.e_score_correction_bias")), vec![ne]);
+                    assert_eq!(amp(&n("mlp.gate.e_score_correction_bias")), (0.0, 0.1));
+                    assert_eq!(amp(&naming.router(l)).1, 2.0 * unit(h));
+                    assert!(!inputs.iter().any(|t| t.name.contains("q_norm")), "{p}");
+                }
+                Family::GptOss { sliding_window, .. } => {
+                    assert!(cfg.o_bias && cfg.attention_sinks && s.sparse_layers() == s.layers);
+                    assert_eq!(cfg.swiglu_limit, Some(7.0));
+                    assert_eq!(cfg.sliding_window, Some(*sliding_window));
+                    let alternating: Vec<bool> = (0..s.layers).map(|l| l % 2 == 0).collect();
+                    assert_eq!(cfg.sliding_layers, alternating, "{p}: sliding first");
+                    let yarn = cfg.yarn.unwrap();
+                    assert_eq!((yarn.factor, yarn.beta_fast, yarn.beta_slow), (32.0, 32.0, 1.0));
+                    assert_eq!(yarn.original_max_position_embeddings, 4096);
+                    assert!(!yarn.truncate);
+                    // 4 projections and their biases, 2 layer norms, the
+                    // sinks, the router and its bias; experts with biases.
+                    assert_eq!(
+                        inputs.len(),
+                        3 + s.layers * (13 + 6 * ne),
+                        "{p}: every tensor once"
+                    );
+                    assert_eq!(find(&n("self_attn.o_proj.bias")), vec![h]);
+                    assert_eq!(find(&n("self_attn.sinks")), vec![s.heads]);
+                    assert_eq!(find(&n("mlp.router.weight")), vec![ne, h]);
+                    assert_eq!(find(&n("mlp.router.bias")), vec![ne]);
+                    for (which, len) in [(0, i), (1, i), (2, h)] {
+                        assert_eq!(find(&naming.bias(l, ne - 1, which)), vec![len]);
+                        assert_eq!(amp(&naming.bias(l, 0, which)), (0.0, 0.1));
+                    }
+                    assert_eq!(amp(&n("self_attn.sinks")), (0.0, 0.1));
+                    assert_eq!(amp(&n("mlp.router.weight")).1, 2.0 * unit(h));
+                }
+                f => panic!("{p}: {f:?}"),
+            }
+        }
+        assert!(SynthSpec::glm4_tiny().head_dim() != 64 / 4);
+        assert!(SynthSpec::gpt_oss_tiny().head_dim() != 64 / 4);
+
+        // The real shapes and their planned containers.
+        let s = SynthSpec::glm45_air();
+        assert_eq!((s.vocab, s.hidden, s.layers, s.heads), (151552, 4096, 46, 96));
+        assert_eq!((s.experts, s.top_k, s.intermediate), (128, 8, 1408));
+        let Family::Glm4Moe(g) = &s.family else {
+            panic!("glm4_moe")
+        };
+        assert_eq!((g.attn.kv_heads, g.attn.head_dim), (8, 128));
+        assert_eq!(
+            (g.dense_intermediate, g.first_dense, g.n_shared_experts),
+            (10944, 1, 1)
+        );
+        assert_eq!((g.n_group, g.topk_group, g.routed_scaling_factor), (1, 1, 1.0));
+        assert_eq!((g.partial_rotary_factor, g.qk_norm), (0.5, false));
+        assert_eq!(s.expert_format, QFormat::Int8);
+        let gb = planned_bytes(&s) as f64 / 1e9;
+        assert!((105.0..112.0).contains(&gb), "about 108 GB at int8: {gb}");
+        let s = SynthSpec::gpt_oss_20b();
+        assert_eq!((s.vocab, s.hidden, s.layers, s.heads), (201088, 2880, 24, 64));
+        assert_eq!((s.experts, s.top_k, s.intermediate), (32, 4, 2880));
+        assert_eq!(
+            s.family,
+            Family::GptOss {
+                attn: DecoderShape {
+                    kv_heads: 8,
+                    head_dim: 64
+                },
+                sliding_window: 128
+            }
+        );
+        assert_eq!(s.rope_theta, 150_000.0);
+        let gb = planned_bytes(&s) as f64 / 1e9;
+        assert!((20.0..22.0).contains(&gb), "about 21 GB at int8: {gb}");
+        for s in [SynthSpec::glm4_tiny(), SynthSpec::gpt_oss_tiny()] {
+            let kb = planned_bytes(&s) / 1000;
+            assert!((100..1000).contains(&kb), "{kb} KB");
+        }
+
+        // What the loader would refuse is refused first; the options the
+        // presets leave off still give a valid model.
+        let mut s = SynthSpec::glm4_tiny();
+        s.layers = 1;
+        assert!(s.validate().is_err(), "no sparse layer after the dense one");
+        let mut s = SynthSpec::glm4_tiny();
+        if let Family::Glm4Moe(g) = &mut s.family {
+            g.qk_norm = true;
+            g.n_group = 2;
+        }
+        s.validate().unwrap();
+        assert!(
+            s.inputs(Path::new("x"))
+                .iter()
+                .any(|t| t.name == "model.layers.2.self_attn.k_norm.weight" && t.shape == [24])
+        );
+        let mut s = SynthSpec::gpt_oss_tiny();
+        s.layers = 3;
+        s.validate().unwrap();
+        assert_eq!(
+            s.decoder_config(Path::new("c.json")).unwrap().sliding_layers,
+            vec![true, false, true]
+        );
+        for s in [SynthSpec::glm45_air(), SynthSpec::gpt_oss_20b()] {
+            let t = s.clone().scaled(0.1).unwrap();
+            t.validate().unwrap();
+            assert_eq!(t.family.decoder(), s.family.decoder());
+            assert!(t.hidden < s.hidden && t.hidden.is_multiple_of(64));
+            assert!(t.intermediate < s.intermediate && t.vocab < s.vocab);
+        }
+        let t = SynthSpec::glm45_air().scaled(0.5).unwrap();
+        assert_eq!(t.config_json()["intermediate_size"], 5472);
+        SynthSpec::glm4_tiny().scaled(0.01).unwrap().validate().unwrap();
+        SynthSpec::gpt_oss_tiny()
+            .scaled(0.01)
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 
     #[test]
