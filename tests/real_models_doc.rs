@@ -63,6 +63,10 @@ fn every_coli_command_in_real_models_md_runs() {
                 repo().join("fixtures/qwen3-moe-tiny"),
             ),
             ("~/models/qwen3-30b-int4", tmp.join("qwen3-30b-int4")),
+            ("~/models/GLM-4.5-Air", repo().join("fixtures/glm4-moe-tiny")),
+            ("~/models/glm45-air-int4", tmp.join("glm45-air-int4")),
+            ("~/models/gpt-oss-20b", repo().join("fixtures/gpt-oss-mxfp4")),
+            ("~/models/gpt-oss-20b-int4", tmp.join("gpt-oss-20b-int4")),
             ("~/models/olmoe-int8", tmp.join("olmoe-int8")),
             ("~/models/glm5-int4", tmp.join("glm5-int4")),
         ];
