@@ -37,6 +37,7 @@ fn configs() -> Vec<PipelineConfig> {
             ram_budget_bytes: r.chance(0.3).then(|| 8192 * (1 + r.below(20))),
             pilot: r.chance(0.6),
             pilot_k: K,
+            pilot_thread: r.chance(0.5),
             direct: !mmap && r.chance(0.5),
             mmap,
             drop_cache: r.chance(0.2),

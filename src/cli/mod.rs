@@ -145,6 +145,11 @@ pub struct EngineArgs {
     /// Experts the pilot prefetches per layer (default: the model's top-k).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count)]
     pub pilot_k: Option<usize>,
+    /// Run the pilot's predictions on its own thread instead of on the
+    /// compute thread (inline, the default, costs one router product per
+    /// offered residual and is never late).
+    #[arg(long)]
+    pub pilot_thread: bool,
     /// Disk I/O worker threads.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub io_workers: u64,
@@ -229,6 +234,7 @@ impl EngineArgs {
             ram_gb: self.ram_gb,
             pilot: self.pilot,
             pilot_k: self.pilot_k,
+            pilot_thread: self.pilot_thread,
             io_workers: self.io_workers as usize,
             direct: self.direct,
             mmap: self.mmap,

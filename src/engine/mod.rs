@@ -193,6 +193,7 @@ impl SourceFactory<'_> {
             ram_budget_bytes,
             pilot: o.pilot && predictor.is_some(),
             pilot_k: o.pilot_k.unwrap_or(top_k).max(1),
+            pilot_thread: o.pilot_thread,
             direct: o.direct,
             mmap: o.mmap,
             drop_cache: false,

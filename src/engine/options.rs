@@ -39,6 +39,8 @@ pub struct EngineOptions {
     pub ram_gb: Option<f64>,
     pub pilot: bool,
     pub pilot_k: Option<usize>,
+    /// Predict on the pilot thread instead of inline (`--pilot-thread`).
+    pub pilot_thread: bool,
     pub io_workers: usize,
     pub direct: bool,
     pub mmap: bool,
@@ -70,6 +72,7 @@ impl Default for EngineOptions {
             ram_gb: None,
             pilot: true,
             pilot_k: None,
+            pilot_thread: false,
             io_workers: 4,
             direct: false,
             mmap: false,

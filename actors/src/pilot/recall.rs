@@ -63,7 +63,17 @@ impl RecallTracker {
     pub fn predicted(&mut self, tag: Tag, experts: &[u32]) {
         self.predicted_layers.insert(tag.layer);
         let r = self.records.entry(key(tag)).or_default();
-        if r.predicted.is_some() {
+        if let Some(p) = &mut r.predicted {
+            // A refined prediction for the same layer and step (from a later
+            // residual) adds its new experts while the routing is still to
+            // come; after it, nothing more can be prefetched in time.
+            if !r.settled {
+                for &e in experts {
+                    if !p.contains(&e) {
+                        p.push(e);
+                    }
+                }
+            }
             return;
         }
         r.predicted = Some(experts.to_vec());
@@ -117,6 +127,29 @@ impl RecallTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refined_prediction_adds_its_new_experts_until_the_routing() {
+        let mut r = RecallTracker::default();
+        let t = Tag::new(1, 2, 3);
+        r.predicted(t, &[1, 2]);
+        r.predicted(t, &[2, 5]);
+        r.routed(t, &[5, 1]);
+        // Both routed experts were predicted, by one guess or the other;
+        // three experts were predicted in all.
+        assert_eq!((r.hits, r.routed, r.predicted), (2, 2, 3));
+        // After the routing, a further guess changes nothing.
+        r.predicted(t, &[7]);
+        assert_eq!((r.hits, r.routed, r.predicted, r.late), (2, 2, 3, 0));
+        // A late first guess is scored once, whatever follows it (layer 4
+        // was predicted at an earlier step, so its routings count).
+        r.predicted(Tag::new(1, 1, 4), &[]);
+        let u = t.at_layer(4);
+        r.routed(u, &[4]);
+        r.predicted(u, &[4]);
+        r.predicted(u, &[6]);
+        assert_eq!((r.late, r.late_hits, r.late_routed), (1, 1, 1));
+    }
 
     #[test]
     fn timely_late_and_missing_predictions() {

@@ -18,6 +18,12 @@ pub struct PipelineConfig {
     pub pilot: bool,
     /// Experts the pilot predicts per layer (usually the model's top-k).
     pub pilot_k: usize,
+    /// Predict on the pilot thread instead of on the thread offering the
+    /// residual. Inline (the default) costs the caller one router product
+    /// per offer but is never late; the thread keeps that work off the
+    /// compute path, and is late whenever a layer computes faster than the
+    /// thread is scheduled.
+    pub pilot_thread: bool,
     /// O_DIRECT reads.
     pub direct: bool,
     /// Copy out of an mmap instead of reading.
@@ -41,6 +47,7 @@ impl Default for PipelineConfig {
             ram_budget_bytes: None,
             pilot: true,
             pilot_k: 8,
+            pilot_thread: false,
             direct: false,
             mmap: false,
             drop_cache: false,

@@ -28,7 +28,7 @@ use crate::cache::{CacheLimits, ExpertCache};
 use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
 use crate::io::{IoPool, IoPoolConfig};
-use crate::pilot::{self, PilotMsg, Predictor};
+use crate::pilot::{self, PilotMsg, Prediction, Predictor};
 use crate::source::{ExpertBatchSink, ExpertDecoder, ExpertSource, SourceStats};
 use crate::storage::{Storage, open_storage};
 use crate::tag::{Tag, TagClock};
@@ -45,6 +45,8 @@ pub struct PipelineSource<T> {
     map: Arc<ExpertMap>,
     coord: Sender<CoordMsg<T>>,
     pilot_tx: Option<Sender<PilotMsg>>,
+    /// The predictor when the pilot runs inline (on the offering thread).
+    inline_pilot: Option<Arc<dyn Predictor>>,
     counters: Arc<Counters>,
     next_fetch: AtomicU64,
     coordinator: Option<JoinHandle<()>>,
@@ -133,6 +135,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             map,
             coord: coord_tx,
             pilot_tx: None,
+            inline_pilot: None,
             counters,
             next_fetch: AtomicU64::new(0),
             coordinator: Some(coordinator),
@@ -141,7 +144,9 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             storage_kind,
             buffers,
         };
-        if let Some(pred) = predictor.filter(|_| pilot_on) {
+        if let Some(pred) = predictor.clone().filter(|_| pilot_on && !me.config.pilot_thread) {
+            me.inline_pilot = Some(pred);
+        } else if let Some(pred) = predictor.filter(|_| pilot_on) {
             let (tx, rx) = bounded(PILOT_CAP);
             let to_coord = me.coord.clone();
             let out = Box::new(move |p| to_coord.send(CoordMsg::Predicted(p)).is_ok());
@@ -305,6 +310,22 @@ impl<T: Send + Sync + 'static> ExpertSource<T> for PipelineSource<T> {
     }
 
     fn pilot(&self, tag: Tag, residual: &[f32]) {
+        if let Some(pred) = &self.inline_pilot {
+            let experts = {
+                let _span = tracing::debug_span!("pilot", layer = tag.layer, step = tag.step).entered();
+                pred.predict(tag.layer, residual, self.config.pilot_k)
+            };
+            // Never blocks compute: a full coordinator inbox drops the
+            // prediction (counted like a dropped residual).
+            if self
+                .coord
+                .try_send(CoordMsg::Predicted(Prediction { tag, experts }))
+                .is_err()
+            {
+                Counters::add(&self.counters.pilot_dropped, 1);
+            }
+            return;
+        }
         let Some(tx) = &self.pilot_tx else { return };
         let msg = PilotMsg {
             tag,

@@ -206,6 +206,13 @@ impl Glm {
                 routing.push(r);
             }
         }
+        // And once more with the layer's output, the next layer's input: a
+        // later guess, closer to its routing (it misses only the next
+        // attention); the pilot adds the experts the first one missed.
+        if (expert_layer as usize) + 1 < cfg.num_hidden_layers {
+            self.source
+                .pilot(tag.at_layer(expert_layer + 1), &x[(n - 1) * hidden..n * hidden]);
+        }
         Ok(())
     }
 

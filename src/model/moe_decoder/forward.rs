@@ -230,6 +230,12 @@ pub(crate) fn run_pass(
         for (a, b) in x.iter_mut().zip(&out) {
             *a += b;
         }
+        // And once more with the layer's output, the next layer's input: a
+        // later guess, closer to its routing (it misses only the next
+        // attention); the pilot adds the experts the first one missed.
+        if l + 1 < layers {
+            source.pilot(tag.at_layer(l as u32 + 1), &x[(n - 1) * hidden..n * hidden]);
+        }
     }
     for (m, kv) in parts.iter_mut() {
         kv.commit(*m);
