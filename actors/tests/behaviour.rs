@@ -271,6 +271,66 @@ fn a_new_generation_cancels_the_waiting_fetch_and_queued_prefetches() {
     });
 }
 
+/// When a layer's routing arrives while prefetches the pilot queued for it
+/// are still waiting for the disk, the ones it did not pick are never read:
+/// the disk goes on to what compute waits for. The picked ones load as
+/// usual.
+#[test]
+fn a_routing_drops_the_unread_prefetches_it_did_not_pick() {
+    with_timeout(GUARD_SECS, || {
+        let fx = Fixture::new(2, 16);
+        let g = Gated::new(&fx);
+        let step = Tag::new(1, 1, 0);
+        g.src.advance(step);
+        // The one worker holds layer 0's demand read at the gate.
+        let demanded = ExpertKey::new(0, 5);
+        let first = {
+            let s = g.src.clone();
+            std::thread::spawn(move || s.fetch(step, &[demanded], &mut |_, _| Ok(())))
+        };
+        g.entered.recv().expect("the demand read reaches the disk");
+        // Four prefetches of layer 1 queue behind it.
+        let residual = common::residual(11, 1, 1, fx.experts, 4);
+        g.predict(step.at_layer(1), &residual);
+        let guessed = keys(1, &TopK.predict(1, &residual, 4));
+        // Layer 1 routes to two of the guesses and one expert nobody guessed.
+        let unguessed = (0..fx.experts as u32)
+            .map(|e| ExpertKey::new(1, e))
+            .find(|k| !guessed.contains(k))
+            .expect("16 experts, 4 guessed");
+        let routed = vec![guessed[0], guessed[1], unguessed];
+        let second = {
+            let s = g.src.clone();
+            let ks = routed.clone();
+            std::thread::spawn(move || s.fetch(step.at_layer(1), &ks, &mut |_, _| Ok(())))
+        };
+        eventually("the two wrong guesses are dropped", || {
+            g.profile().prefetch_dropped_unread == 2
+        });
+        g.open();
+        first.join().expect("first").expect("layer 0 served");
+        second.join().expect("second").expect("layer 1 served");
+        let p = g.profile();
+        assert_eq!(p.prefetch_dropped_unread, 2, "{p:?}");
+        // Only what the two fetches asked for was read.
+        let asked: Vec<(u32, u64)> = std::iter::once(demanded)
+            .chain(routed.iter().copied())
+            .flat_map(|k| fx.map.extent(k).expect("extent").pieces.clone())
+            .map(|piece| (piece.file, piece.offset))
+            .collect();
+        for read in g.storage.log.lock().iter() {
+            assert!(asked.contains(read), "read {read:?} belongs to no fetched expert");
+        }
+        for k in &guessed[2..] {
+            let piece = fx.map.extent(*k).expect("extent").pieces[0].clone();
+            assert!(
+                !g.storage.log.lock().contains(&(piece.file, piece.offset)),
+                "wrong guess {k} was read"
+            );
+        }
+    });
+}
+
 /// A key pinned while a prefetch of it is still queued stays wanted when
 /// that prefetch goes stale: the worker skips the prefetch and the pin loads
 /// the expert anyway.

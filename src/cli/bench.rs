@@ -455,6 +455,21 @@ fn print_report(
         "I/O bound           {io_bound:>10.3} tok/s  (disk bandwidth / needed bytes per token: demand reads + prefetches used; wasted prefetch {:.2} MB/tok not counted)",
         mb(measured.wasted_bytes_per_token())
     );
+    if let Some(p) = &measured.profile
+        && p.reads > 0
+        && measured.decode_secs > 0.0
+    {
+        let per_tok = |n: u64| n as f64 / measured.measured.max(1) as f64;
+        println!(
+            "I/O activity        reads busy {:.1}% of the window per worker ({} workers); per token {:.2} demand loads, {:.2} prefetch loads, {:.2} prefetches dropped unread when their layer's routing skipped them, {:.2} cancelled by the next step",
+            p.read_ns as f64 / 1e9 / measured.decode_secs / opts.io_workers.max(1) as f64 * 100.0,
+            opts.io_workers,
+            per_tok(p.demand_loads),
+            per_tok(p.prefetch_loads),
+            per_tok(p.prefetch_dropped_unread),
+            per_tok(p.loads_cancelled)
+        );
+    }
     let mut bound = io_bound;
     if let Some(c) = compute {
         let cb = c.result.tok_per_s();

@@ -22,6 +22,10 @@
 #              int4/int4) from the same checkpoint
 #   bench      both engines, 1 and 2 threads, rounds interleaved: a 16-token
 #              prompt + 32 greedy tokens, and forced replay of real text
+#   setup-avx2 a second libllama from the same sdist, built for AVX2 only
+#              (-DGGML_NATIVE=OFF, AVX512 and AVX-VNNI off), for `--isa avx2`:
+#              both engines then run AVX2 code on an AVX-512 machine (coli
+#              through COLI_KERNELS=avx2), standing in for an AVX2-only CPU
 #
 # Usage:
 #   python3 tools/peers/compare.py all --work /work/bench-data/peers \
@@ -64,6 +68,9 @@ OLMOE = dict(
     max_position_embeddings=4096,
 )
 
+# `--isa`: "native" (each engine's best for this CPU) or "avx2".
+ISA = "native"
+
 PROMPT_TEXT = "<|user|>\nWhat does river mean in a sentence about the sea?\n<|assistant|>\n"
 NEW_TOKENS = 32
 PROMPT_LEN = 16
@@ -99,6 +106,65 @@ def setup(a):
                    f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], env=env)
     run(pip + ["install", "-q"] + PIP_PINS)
     llama_src(work)
+
+
+AVX2_CMAKE = [
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=OFF",
+    "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+    "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+]
+
+
+def avx2_lib_dir(work):
+    return work / "llama-avx2" / "bin"
+
+
+def setup_avx2(a):
+    """libllama (and its ggml) for AVX2 only, from the same vendored
+    llama.cpp the package was built from; `--isa avx2` loads it through
+    llama-cpp-python's LLAMA_CPP_LIB_PATH."""
+    py = venv_python(a.work)
+    if (avx2_lib_dir(a.work) / "libllama.so").exists():
+        return
+    run([py, "-m", "pip", "install", "-q", "cmake", "ninja"])
+    cmake = a.work / "venv" / "bin" / "cmake"
+    build = a.work / "llama-avx2"
+    run([cmake, "-S", llama_src(a.work), "-B", build, "-G", "Ninja",
+         f"-DCMAKE_MAKE_PROGRAM={a.work / 'venv' / 'bin' / 'ninja'}", *AVX2_CMAKE])
+    run([cmake, "--build", build, "--target", "llama", "-j", str(os.cpu_count() or 1)])
+
+
+def llama_env(a):
+    """The environment of a llama.cpp run: the AVX2-only libllama for
+    `--isa avx2`, the package's own (native) one otherwise."""
+    env = dict(os.environ)
+    if a.isa == "avx2":
+        lib = avx2_lib_dir(a.work)
+        if not (lib / "libllama.so").exists():
+            raise SystemExit(f"{lib}/libllama.so is missing: run the setup-avx2 step first")
+        env["LLAMA_CPP_LIB_PATH"] = str(lib)
+    return env
+
+
+def llama_system_info(a):
+    """llama.cpp's own account of the instruction sets it was built for."""
+    code = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+    r = subprocess.run([venv_python(a.work), "-c", code], capture_output=True, text=True, env=llama_env(a))
+    return r.stdout.strip() or r.stderr.strip()[-300:]
+
+
+def coli_kernels(a):
+    """The kernel set coli says it runs (`coli doctor`), under the same
+    environment as the measured runs."""
+    _, env = coli_threads_args(a.coli, 1)
+    r = subprocess.run([a.coli, "doctor"], capture_output=True, text=True, env=env)
+    for line in (r.stdout + r.stderr).splitlines():
+        if "kernel" in line.lower():
+            return line.strip()
+    return "(coli doctor printed no kernel line)"
 
 
 def llama_src(work):
@@ -329,9 +395,12 @@ def coli_threads_args(coli, threads):
     """`--threads N` when coli has it, else RAYON_NUM_THREADS (its compute
     pool is rayon's global pool)."""
     h = subprocess.run([coli, "run", "--help"], capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    if ISA == "avx2":
+        env["COLI_KERNELS"] = "avx2"
     if "--threads" in h:
-        return ["--threads", str(threads)], dict(os.environ)
-    return [], dict(os.environ, RAYON_NUM_THREADS=str(threads))
+        return ["--threads", str(threads)], env
+    return [], dict(env, RAYON_NUM_THREADS=str(threads))
 
 
 def in_cgroup(cmd, gb):
@@ -379,7 +448,7 @@ def bench_llama(a, model, threads, prompt, forced):
     drop_caches(a)
     arg = {"model": str(model), "threads": threads, "prompt": prompt, "n": NEW_TOKENS, "forced": forced}
     cmd = [venv_python(a.work), "-c", LLAMA_BENCH, json.dumps(arg)]
-    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True)
+    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=llama_env(a))
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])["tok_per_s"]
@@ -418,7 +487,10 @@ def bench(a):
     lines = [
         f"peer comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{a.layers} layers, {a.rounds} rounds, cgroup {a.cgroup_gb or 'none'} GiB, "
-        f"coli flags: {a.coli_args or '(defaults)'}",
+        f"coli flags: {a.coli_args or '(defaults)'}, isa {a.isa}",
+        f"llama.cpp: {llama_system_info(a)}",
+        f"coli: {coli_kernels(a)}",
+        "",
         "| weights | workload | threads | coli tok/s (median, range) | llama.cpp tok/s (median, range) | coli / llama.cpp | pilot recall / precision |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -467,7 +539,7 @@ def prefill_coli(a, model, threads, prompt):
 def prefill_llama(a, model, threads, prompt):
     arg = {"model": str(model), "threads": threads, "prompt": prompt}
     cmd = [venv_python(a.work), "-c", LLAMA_PREFILL, json.dumps(arg)]
-    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True)
+    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=llama_env(a))
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])["secs"]
@@ -479,7 +551,10 @@ def prefill(a):
     pairs = [("int8", "coli-int8", "olmoe-q8_0.gguf"), ("int4", "coli-int4", "olmoe-q4_0.gguf")]
     lines = [
         f"prefill {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
-        f"coli flags: {a.coli_args or '(defaults)'}",
+        f"coli flags: {a.coli_args or '(defaults)'}, isa {a.isa}",
+        f"llama.cpp: {llama_system_info(a)}",
+        f"coli: {coli_kernels(a)}",
+        "",
         "| weights | prompt tokens | threads | coli s (best, median) | llama.cpp s (best, median) | llama.cpp / coli (speed ratio) |",
         "|---|---|---|---|---|---|",
     ]
@@ -510,7 +585,7 @@ def prefill(a):
 
 def main():
     ap = argparse.ArgumentParser(description="coli vs llama.cpp; see tools/peers/README.md")
-    ap.add_argument("steps", help="all, or a comma-separated list of setup,make-hf,convert,bench,prefill")
+    ap.add_argument("steps", help="all, or a comma-separated list of setup,setup-avx2,make-hf,convert,bench,prefill")
     ap.add_argument("--work", type=Path, default=Path("/work/bench-data/peers"))
     ap.add_argument("--coli", type=Path, default=REPO / "target" / "release" / "coli")
     ap.add_argument("--layers", type=int, default=16, help="OLMoE-1B-7B has 16")
@@ -521,12 +596,20 @@ def main():
     ap.add_argument("--coli-args", default="", help="extra coli engine flags, e.g. --f32-acts")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     ap.add_argument("--only", default="", help="subset, e.g. int8:replay (weights:workload)")
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: both engines restricted to AVX2 (needs the setup-avx2 step)")
     a = ap.parse_args()
+    global ISA
+    ISA = a.isa
     a.work = a.work.resolve()
     a.work.mkdir(parents=True, exist_ok=True)
     a.coli = a.coli.resolve()
-    steps = {"setup": setup, "make-hf": make_hf, "convert": convert, "bench": bench, "prefill": prefill}
-    todo = list(steps) if a.steps == "all" else a.steps.split(",")
+    steps = {"setup": setup, "setup-avx2": setup_avx2, "make-hf": make_hf, "convert": convert,
+             "bench": bench, "prefill": prefill}
+    if a.steps == "all":
+        todo = [s for s in steps if s != "setup-avx2" or a.isa == "avx2"]
+    else:
+        todo = a.steps.split(",")
     for name in todo:
         if name not in steps:
             raise SystemExit(f"unknown step {name!r}")

@@ -224,6 +224,9 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             self.recall.routed(tag, &routed);
             self.publish_recall();
         }
+        if mode == FetchMode::Full {
+            self.drop_mispredicted(tag, &items);
+        }
         let mut remaining = 0;
         let mut hits = Vec::new();
         for (idx, key) in items {
@@ -264,6 +267,39 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
                     remaining,
                 },
             );
+        }
+    }
+
+    /// The routing of `tag`'s layer is now known: prefetches queued for that
+    /// layer and step that it did not pick, and that no worker has started,
+    /// are claimed here so they are never read. When the disk is the
+    /// bottleneck such reads would sit in front of the next layer's
+    /// prefetches; when it is not, they have finished already and nothing
+    /// is dropped. (A wrong guess is worth no more than any other expert
+    /// for later steps.)
+    fn drop_mispredicted(&mut self, tag: Tag, items: &[(usize, ExpertKey)]) {
+        let routed: HashSet<ExpertKey> = items.iter().map(|&(_, k)| k).collect();
+        let dead: Vec<ExpertKey> = self
+            .inflight
+            .iter()
+            .filter(|(key, f)| {
+                key.layer == tag.layer
+                    && !routed.contains(key)
+                    && !f.demand_sent
+                    && f.waiters.is_empty()
+                    && (f.tag.generation, f.tag.step) == (tag.generation, tag.step)
+                    && !self.pins.contains(key)
+            })
+            .map(|(&k, _)| k)
+            .collect();
+        for key in dead {
+            // A claim that fails means a worker is reading it: let it land.
+            if let Some(f) = self.inflight.get(&key)
+                && f.ticket.claim()
+            {
+                self.inflight.remove(&key);
+                Counters::add(&self.counters.prefetch_dropped_unread, 1);
+            }
         }
     }
 

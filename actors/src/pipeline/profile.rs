@@ -107,6 +107,9 @@ counters!(
     stale_discarded,
     // Queued loads cancelled unread by `advance` (nobody waited for them).
     loads_cancelled,
+    // Queued prefetches cancelled unread when their layer's routing came
+    // and did not pick them (a wrong guess the disk had not reached yet).
+    prefetch_dropped_unread,
     // Demand loads that failed after all retries.
     read_failures,
     // Pilot.
