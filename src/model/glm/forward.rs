@@ -251,6 +251,20 @@ impl Glm {
             x.extend(self.embed(tokens, st.len)?);
         }
         self.source.advance(tag.at_layer(0));
+        // Dense leading layers (GLM-5 has three): guess the first sparse
+        // layer's experts from the embedding already, so their reads run
+        // while the dense layers compute instead of leaving the disk idle
+        // from the last sparse layer of one token to the first of the next.
+        if let Some(first) = self
+            .weights
+            .layers
+            .iter()
+            .position(|lw| matches!(lw.mlp, Mlp::Moe(_)))
+            && first > 0
+        {
+            self.source
+                .pilot(tag.at_layer(first as u32), &x[(n - 1) * hidden..n * hidden]);
+        }
         let mut sels: Vec<Option<Selection>> = vec![None; seqs.len()];
         let mut routing = Vec::new();
         for (l, lw) in self.weights.layers.iter().enumerate() {

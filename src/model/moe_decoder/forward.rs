@@ -173,6 +173,15 @@ pub(crate) fn run_pass(
     let mut parts: Vec<(usize, &mut KvCache)> =
         seqs.iter_mut().map(|(t, kv, _)| (t.len(), &mut **kv)).collect();
     source.advance(tag.at_layer(0));
+    // Dense leading layers: guess the first sparse layer's experts from the
+    // embedding already, so its reads run while the dense layers compute
+    // (the disk is otherwise idle from the last sparse layer of one token
+    // to the first of the next). The usual two guesses follow.
+    if let Some(first) = w.layers.iter().position(|lw| matches!(lw.ffn, Ffn::Moe { .. }))
+        && first > 0
+    {
+        source.pilot(tag.at_layer(first as u32), &x[(n - 1) * hidden..n * hidden]);
+    }
     let mut routing = Vec::new();
     let mut xn = vec![0f32; n * hidden];
     let norm_rows = |x: &[f32], weight: &[f32], out: &mut [f32]| {
