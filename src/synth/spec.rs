@@ -3,9 +3,11 @@
 use std::path::Path;
 
 use super::{DecoderShape, Glm4Shape, GlmShape};
-use crate::config::{ConfigError, GlmConfig, MoeDecoderConfig};
+use crate::config::ConfigError;
 use crate::convert::InputTensor;
 use crate::model::expert::ExpertNaming;
+use crate::model::glm::GlmConfig;
+use crate::model::moe_decoder::MoeDecoderConfig;
 use crate::quant::QFormat;
 use crate::st::Dtype;
 
@@ -600,8 +602,8 @@ impl SynthSpec {
     pub(crate) fn decoder_config(&self, path: &Path) -> Result<MoeDecoderConfig, ConfigError> {
         let json = self.config_json();
         match self.family {
-            Family::Glm4Moe(_) => crate::config::glm4_moe::from_json(path, json),
-            Family::GptOss { .. } => crate::config::gpt_oss::from_json(path, json),
+            Family::Glm4Moe(_) => crate::model::moe_decoder::glm4_moe::from_json(path, json),
+            Family::GptOss { .. } => crate::model::moe_decoder::gpt_oss::from_json(path, json),
             _ => MoeDecoderConfig::from_json(path, json),
         }
     }
@@ -1027,7 +1029,13 @@ mod tests {
     /// (each expert's start rounded up to the 4096-byte alignment).
     fn planned_bytes(s: &SynthSpec) -> u64 {
         let cfg = s.decoder_config(Path::new("c.json")).unwrap();
-        let model = crate::convert::ModelSpec::moe_decoder(&cfg, s.expert_format, s.dense_format);
+        let model = crate::model::family::FamilyConfig::convert_spec(
+            &cfg,
+            Path::new("c.json"),
+            s.expert_format,
+            s.dense_format,
+        )
+        .unwrap();
         let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
         let align = crate::convert::ALIGN;
         jobs.iter().fold(0, |at, j| {

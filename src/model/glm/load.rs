@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
+use super::config::GlmConfig;
+use super::config::{IndexerKind, MlaFamily};
 use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights};
-use crate::config::GlmConfig;
-use crate::config::glm::{IndexerKind, MlaFamily};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert, load_swiglu};
 use crate::model::olmoe::LoadOptions;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
+use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use super::weights::{DenseWeights, Ffn, LayerWeights};
-use crate::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use crate::model::ModelError;
 use crate::model::attention::{AttnBias, AttnWeights};
 use crate::model::expert::{

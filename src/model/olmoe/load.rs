@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
-use crate::config::OlmoeConfig;
+use super::OlmoeConfig;
 use crate::model::ModelError;
 use crate::model::attention::AttnWeights;
 use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert};
