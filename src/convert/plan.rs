@@ -730,7 +730,7 @@ mod tests {
 
     #[test]
     fn recognises_expert_names() {
-        let mlp = ExpertNaming::Mlp;
+        let mlp = ExpertNaming::MLP;
         assert_eq!(
             mlp.parse("model.layers.3.mlp.experts.17.down_proj.weight"),
             Some((3, 17, 2))

@@ -894,8 +894,8 @@ impl SynthSpec {
             out.extend(match &self.family {
                 Family::Olmoe => self.olmoe_layer_tensors(l),
                 Family::Glm(g) => g.layer_tensors(l, h, self.heads, self.experts, inter),
-                Family::Qwen3Moe { attn, .. } => attn.layer_tensors(l, dims, true, ExpertNaming::Mlp),
-                Family::Mixtral { attn } => attn.layer_tensors(l, dims, false, ExpertNaming::BlockSparse),
+                Family::Qwen3Moe { attn, .. } => attn.layer_tensors(l, dims, true, ExpertNaming::MLP),
+                Family::Mixtral { attn } => attn.layer_tensors(l, dims, false, ExpertNaming::BLOCK_SPARSE),
                 Family::Glm4Moe(g) => g.layer_tensors(l, dims),
                 Family::GptOss { attn, .. } => attn.gpt_oss_layer_tensors(l, dims),
             });
@@ -1099,9 +1099,9 @@ mod tests {
             assert_eq!(find("model.layers.1.self_attn.k_proj.weight"), vec![kv, s.hidden]);
             assert_eq!(find("model.layers.1.self_attn.o_proj.weight"), vec![s.hidden, q]);
             let naming = if qwen {
-                ExpertNaming::Mlp
+                ExpertNaming::MLP
             } else {
-                ExpertNaming::BlockSparse
+                ExpertNaming::BLOCK_SPARSE
             };
             assert_eq!(find(&naming.router(1)), vec![s.experts, s.hidden]);
             let last = s.experts - 1;
@@ -1214,7 +1214,7 @@ mod tests {
             assert_eq!(find(&n("self_attn.q_proj.bias")), vec![q]);
             assert_eq!(find(&n("self_attn.k_proj.bias")), vec![kv]);
             assert_eq!(find(&n("self_attn.v_proj.bias")), vec![kv]);
-            let naming = ExpertNaming::Mlp;
+            let naming = ExpertNaming::MLP;
             assert_eq!(find(&naming.tensor(l, ne - 1, 1)), vec![i, h]);
             assert_eq!(find(&naming.tensor(l, ne - 1, 2)), vec![h, i]);
             let amp = |name: &str| s.distribution(name, &find(name));

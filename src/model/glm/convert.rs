@@ -70,7 +70,7 @@ pub(crate) fn spec(
             }
         }),
         metadata,
-        naming: ExpertNaming::Mlp,
+        naming: ExpertNaming::MLP,
     })
 }
 

@@ -153,7 +153,7 @@ fn convert_spec(cfg: &OlmoeConfig, experts: QFormat, dense: QFormat) -> ModelSpe
             }
         }),
         metadata: Vec::new(),
-        naming: ExpertNaming::Mlp,
+        naming: ExpertNaming::MLP,
         fused: FusedLayout::Stacked,
         expert_bias: false,
     }
