@@ -378,7 +378,7 @@ fn repository_fixtures_convert() {
         if json.get("model_type").and_then(|v| v.as_str()) != Some("olmoe") {
             continue;
         }
-        let cfg = colibri::config::OlmoeConfig::load(&input).unwrap();
+        let cfg = colibri::model::olmoe::OlmoeConfig::load(&input).unwrap();
         let src = Checkpoint::open(&input).unwrap();
         for fmt in ["int8", "int4", "int2", "f32"] {
             let name = input.file_name().unwrap().to_string_lossy().into_owned();

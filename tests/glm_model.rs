@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use colibri::cli::validate::Reference;
-use colibri::config::GlmConfig;
+use colibri::model::glm::GlmConfig;
 use colibri::model::glm::{self, Form, Glm, GlmState};
 use colibri::model::lm::{Logits, SequenceState};
 use colibri::model::olmoe::LoadOptions;

@@ -54,9 +54,9 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     assert_ne!(attn.head_dim, spec.hidden / spec.heads);
     let qwen = matches!(spec.family, Family::Qwen3Moe { .. });
     let naming = if matches!(spec.family, Family::Mixtral { .. }) {
-        ExpertNaming::BlockSparse
+        ExpertNaming::BLOCK_SPARSE
     } else {
-        ExpertNaming::Mlp
+        ExpertNaming::MLP
     };
     let router = |l: usize| match spec.family {
         Family::GptOss { .. } => format!("model.layers.{l}.mlp.router.weight"),

@@ -95,7 +95,7 @@ fn f32_dense_and_fewer_layers() {
 
 #[test]
 fn disk_probe_reads_the_expert_extents() {
-    use colibri::config::OlmoeConfig;
+    use colibri::model::olmoe::OlmoeConfig;
     use colibri::model::olmoe::{LoadOptions, expert_map};
     use colibri::synth::read_bandwidth;
     use colibri_actors::StorageOptions;

@@ -1,53 +1,84 @@
 //! Fallback templates for checkouts without `chat_template`.
 
-/// Model families with a built-in chat format.
+/// A built-in chat format: the template used when a checkout ships none,
+/// and the special tokens it assumes when tokenizer_config.json names none.
+/// Each model family picks one in its registration
+/// ([`crate::model::family::FamilyConfig::chat_format`]); a family whose
+/// format is none of these defines its own constant in its folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
+pub struct ChatFormat {
+    /// Named in messages ("the built-in Olmoe template").
+    pub name: &'static str,
+    /// The minijinja template source.
+    pub template: &'static str,
+    /// Default `bos_token`.
+    pub bos: &'static str,
+    /// Default `eos_token`.
+    pub eos: &'static str,
+}
+
+impl ChatFormat {
     /// OLMoE-Instruct (0125): the Tulu format, `<|user|>\n...\n<|assistant|>\n`,
-    /// replies closed by the EOS token.
-    Olmoe,
+    /// replies closed by the EOS token. Also the fallback for a model whose
+    /// config.json cannot be read.
+    pub const OLMOE: ChatFormat = ChatFormat {
+        name: "Olmoe",
+        template: OLMOE,
+        bos: "<|endoftext|>",
+        eos: "<|endoftext|>",
+    };
     /// GLM: `[gMASK]<sop>` once, then `<|user|>...<|assistant|>` with no newline
     /// after the role tags, and an empty `<think></think>` block that switches
     /// thinking off (without it the model rambles and never stops).
-    Glm,
+    pub const GLM: ChatFormat = ChatFormat {
+        name: "Glm",
+        template: GLM,
+        bos: "",
+        eos: "<|endoftext|>",
+    };
     /// Qwen3: ChatML, `<|im_start|>role\n...<|im_end|>\n`, the reply opened
     /// with an empty `<think>` block (Qwen3's `enable_thinking=False`).
-    ChatMl,
+    pub const CHATML: ChatFormat = ChatFormat {
+        name: "ChatMl",
+        template: CHATML,
+        bos: "",
+        eos: "<|im_end|>",
+    };
     /// Mixtral-Instruct: `<s>[INST] ... [/INST]`, replies closed by `</s>`;
     /// a system message is put before the first instruction.
-    Mistral,
-    /// GLM-4.5 / 4.6: like [`Family::Glm`] but with a newline after each
+    pub const MISTRAL: ChatFormat = ChatFormat {
+        name: "Mistral",
+        template: MISTRAL,
+        bos: "<s>",
+        eos: "</s>",
+    };
+    /// GLM-4.5 / 4.6: like [`ChatFormat::GLM`] but with a newline after each
     /// role tag, and thinking switched off with `\n<think></think>\n`.
-    Glm4,
+    pub const GLM4: ChatFormat = ChatFormat {
+        name: "Glm4",
+        template: GLM4,
+        bos: "",
+        eos: "<|endoftext|>",
+    };
     /// gpt-oss's harmony format: `<|start|>role<|message|>...<|end|>`, the
     /// reply opened with `<|start|>assistant`; a system message becomes the
     /// developer message's instructions.
-    Harmony,
-}
-
-impl Family {
-    /// The built-in template source.
-    pub fn template(self) -> &'static str {
-        match self {
-            Family::Olmoe => OLMOE,
-            Family::Glm => GLM,
-            Family::ChatMl => CHATML,
-            Family::Mistral => MISTRAL,
-            Family::Glm4 => GLM4,
-            Family::Harmony => HARMONY,
-        }
-    }
+    pub const HARMONY: ChatFormat = ChatFormat {
+        name: "Harmony",
+        template: HARMONY,
+        bos: "<|startoftext|>",
+        eos: "<|return|>",
+    };
 
     /// Default `(bos_token, eos_token)` when the tokenizer config names none.
     pub fn default_tokens(self) -> (&'static str, &'static str) {
-        match self {
-            Family::Olmoe => ("<|endoftext|>", "<|endoftext|>"),
-            Family::Glm => ("", "<|endoftext|>"),
-            Family::ChatMl => ("", "<|im_end|>"),
-            Family::Mistral => ("<s>", "</s>"),
-            Family::Glm4 => ("", "<|endoftext|>"),
-            Family::Harmony => ("<|startoftext|>", "<|return|>"),
-        }
+        (self.bos, self.eos)
+    }
+}
+
+impl std::fmt::Display for ChatFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
     }
 }
 

@@ -5,7 +5,7 @@
 //! does (`trim_blocks`, `lstrip_blocks`, `raise_exception`, Python string
 //! methods through minijinja-contrib's pycompat), so the prompt matches what
 //! the model saw in training. When a checkout has no template, a built-in
-//! one per family ([`Family`]) stands in.
+//! one ([`ChatFormat`], chosen by the model's family) stands in.
 //!
 //! `coli serve` keeps the conversation in the KV cache, so it needs only the
 //! text a new user turn adds: [`ChatTemplate::render_turn`].
@@ -14,6 +14,6 @@ mod builtin;
 mod error;
 mod template;
 
-pub use builtin::Family;
+pub use builtin::ChatFormat;
 pub use error::TemplateError;
 pub use template::{ChatMessage, ChatTemplate};

@@ -5,7 +5,7 @@ use std::path::Path;
 use minijinja::{Environment, Error, ErrorKind, context};
 use serde::Serialize;
 
-use super::builtin::Family;
+use super::builtin::ChatFormat;
 use super::error::TemplateError;
 
 /// One message of a conversation, as chat templates expect it.
@@ -107,15 +107,15 @@ impl ChatTemplate {
         })
     }
 
-    /// The built-in template of `family` with its default special tokens.
-    pub fn builtin(family: Family) -> Self {
-        let (bos, eos) = family.default_tokens();
-        Self::builtin_with_tokens(family, bos, eos)
+    /// The built-in template of `format` with its default special tokens.
+    pub fn builtin(format: ChatFormat) -> Self {
+        let (bos, eos) = format.default_tokens();
+        Self::builtin_with_tokens(format, bos, eos)
     }
 
-    fn builtin_with_tokens(family: Family, bos: &str, eos: &str) -> Self {
-        let origin = format!("the built-in {family:?} template");
-        match Self::new(family.template(), bos, eos, &origin) {
+    fn builtin_with_tokens(format: ChatFormat, bos: &str, eos: &str) -> Self {
+        let origin = format!("the built-in {format} template");
+        match Self::new(format.template, bos, eos, &origin) {
             Ok(t) => t,
             // The built-in sources are constants covered by tests.
             Err(e) => unreachable!("built-in template does not compile: {e}"),
@@ -126,7 +126,7 @@ impl ChatTemplate {
     /// tokenizer_config.json. Without a template, `fallback`'s built-in one is
     /// used (with the file's tokens when it names them). A missing file is an
     /// error: the caller decides whether to fall back entirely.
-    pub fn from_tokenizer_config(path: &Path, fallback: Family) -> Result<Self, TemplateError> {
+    pub fn from_tokenizer_config(path: &Path, fallback: ChatFormat) -> Result<Self, TemplateError> {
         let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Read {
             path: path.to_path_buf(),
             source,
@@ -177,7 +177,7 @@ impl ChatTemplate {
     /// `None` when it ships none (no file, or a file without `chat_template`):
     /// `coli run --prompt` wraps the prompt only for models trained on a
     /// template, so base models still see the raw text.
-    pub fn of_model(dir: &Path, fallback: Family) -> Result<Option<Self>, TemplateError> {
+    pub fn of_model(dir: &Path, fallback: ChatFormat) -> Result<Option<Self>, TemplateError> {
         let path = dir.join("tokenizer_config.json");
         if !path.is_file() {
             return match jinja_beside(&path)? {
@@ -284,7 +284,7 @@ mod tests {
     #[test]
     fn builtin_olmoe_matches_the_real_template() {
         let real = ChatTemplate::new(OLMOE_0125, "<|endoftext|>", "<|endoftext|>", "test").unwrap();
-        let ours = ChatTemplate::builtin(Family::Olmoe);
+        let ours = ChatTemplate::builtin(ChatFormat::OLMOE);
         let mut msgs = conv();
         for add in [false, true] {
             assert_eq!(ours.render(&msgs, add).unwrap(), real.render(&msgs, add).unwrap());
@@ -302,7 +302,7 @@ mod tests {
 
     #[test]
     fn turn_delta_continues_the_conversation() {
-        let t = ChatTemplate::builtin(Family::Olmoe);
+        let t = ChatTemplate::builtin(ChatFormat::OLMOE);
         assert_eq!(
             t.render_turn(&[], "Hi").unwrap(),
             "<|endoftext|><|user|>\nHi\n<|assistant|>\n"
@@ -316,7 +316,7 @@ mod tests {
 
     #[test]
     fn glm_builtin_format() {
-        let t = ChatTemplate::builtin(Family::Glm);
+        let t = ChatTemplate::builtin(ChatFormat::GLM);
         assert_eq!(
             t.render_turn(&[], "Ciao").unwrap(),
             "[gMASK]<sop><|user|>Ciao<|assistant|><think></think>"
@@ -330,12 +330,12 @@ mod tests {
 
     #[test]
     fn glm4_and_harmony_builtin_formats() {
-        let t = ChatTemplate::builtin(Family::Glm4);
+        let t = ChatTemplate::builtin(ChatFormat::GLM4);
         assert_eq!(
             t.render_turn(&[], "Ciao").unwrap(),
             "[gMASK]<sop><|user|>\nCiao<|assistant|>\n<think></think>\n"
         );
-        let t = ChatTemplate::builtin(Family::Harmony);
+        let t = ChatTemplate::builtin(ChatFormat::HARMONY);
         let hist = [ChatMessage::system("Be brief."), ChatMessage::user("Hi")];
         assert_eq!(
             t.render(&hist, true).unwrap(),
@@ -350,23 +350,23 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // Without tokenizer_config.json: the file alone is the template.
         std::fs::write(dir.join("chat_template.jinja"), "{{ messages[0].content }}!").unwrap();
-        let t = ChatTemplate::of_model(&dir, Family::Olmoe).unwrap().unwrap();
+        let t = ChatTemplate::of_model(&dir, ChatFormat::OLMOE).unwrap().unwrap();
         assert_eq!(t.render(&[ChatMessage::user("x")], false).unwrap(), "x!");
         // With a tokenizer_config.json lacking chat_template, it is still used.
         std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<e>"}"#).unwrap();
-        let t = ChatTemplate::of_model(&dir, Family::Olmoe).unwrap().unwrap();
+        let t = ChatTemplate::of_model(&dir, ChatFormat::OLMOE).unwrap().unwrap();
         assert_eq!(t.render(&[ChatMessage::user("y")], false).unwrap(), "y!");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn chatml_and_mistral_builtin_formats() {
-        let t = ChatTemplate::builtin(Family::ChatMl);
+        let t = ChatTemplate::builtin(ChatFormat::CHATML);
         assert_eq!(
             t.render_turn(&[], "Hi").unwrap(),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
         );
-        let t = ChatTemplate::builtin(Family::Mistral);
+        let t = ChatTemplate::builtin(ChatFormat::MISTRAL);
         assert_eq!(t.render_turn(&[], "Hi").unwrap(), "<s>[INST] Hi [/INST]");
         let hist = [ChatMessage::user("Hi"), ChatMessage::assistant("Yo")];
         assert_eq!(t.render_turn(&hist, "Again").unwrap(), "[INST] Again [/INST]");
@@ -411,35 +411,35 @@ mod tests {
                 .to_string(),
         )
         .unwrap();
-        let t = ChatTemplate::from_tokenizer_config(&p, Family::Glm).unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&p, ChatFormat::GLM).unwrap();
         assert_eq!(
             t.render(&[ChatMessage::assistant("a")], false).unwrap(),
             "<s><|assistant|>\na</s>"
         );
         std::fs::write(&p, r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}], "eos_token": "E"}"#).unwrap();
         assert_eq!(
-            ChatTemplate::from_tokenizer_config(&p, Family::Olmoe)
+            ChatTemplate::from_tokenizer_config(&p, ChatFormat::OLMOE)
                 .unwrap()
                 .render(&[], true)
                 .unwrap(),
             "DE"
         );
         std::fs::write(&p, r#"{"eos_token": null}"#).unwrap();
-        let t = ChatTemplate::from_tokenizer_config(&p, Family::Glm).unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&p, ChatFormat::GLM).unwrap();
         assert!(t.origin().contains("built-in"));
         std::fs::write(&p, r#"{"chat_template": 5}"#).unwrap();
         assert!(matches!(
-            ChatTemplate::from_tokenizer_config(&p, Family::Glm),
+            ChatTemplate::from_tokenizer_config(&p, ChatFormat::GLM),
             Err(TemplateError::Shape { .. })
         ));
         std::fs::write(&p, "{not json").unwrap();
         assert!(matches!(
-            ChatTemplate::from_tokenizer_config(&p, Family::Glm),
+            ChatTemplate::from_tokenizer_config(&p, ChatFormat::GLM),
             Err(TemplateError::Json { .. })
         ));
         let missing = dir.path().join("nope.json");
         assert!(matches!(
-            ChatTemplate::from_tokenizer_config(&missing, Family::Glm),
+            ChatTemplate::from_tokenizer_config(&missing, ChatFormat::GLM),
             Err(TemplateError::Read { .. })
         ));
     }

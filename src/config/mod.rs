@@ -1,77 +1,11 @@
 //! Model configurations read from a checkpoint's `config.json`.
-
-pub mod glm;
-pub mod glm4_moe;
-pub mod gpt_oss;
-pub mod moe_decoder;
-pub mod olmoe;
-
-pub use glm::GlmConfig;
-pub use moe_decoder::{DecoderKind, MoeDecoderConfig, RouterChoice, Yarn};
-pub use olmoe::OlmoeConfig;
+//!
+//! The family-specific configs live in their family's folder
+//! (`src/model/<family>/config.rs`); [`crate::model::family::ModelConfig`]
+//! dispatches on `model_type` through the registry. This module holds what
+//! they share: the error type, the limits and the common checks.
 
 use std::path::{Path, PathBuf};
-
-/// A model's validated configuration, one variant per family. This is the
-/// one place a `model_type` is mapped to a family: the engine, `coli
-/// convert`, `coli bench` and the fuzzer match on the variant, so a new
-/// family added here is a compile error everywhere it must be handled.
-#[derive(Clone, Debug)]
-pub enum ModelConfig {
-    Olmoe(Box<OlmoeConfig>),
-    /// Qwen3-MoE, Mixtral, GLM-4.x and gpt-oss.
-    MoeDecoder(Box<MoeDecoderConfig>),
-    /// GLM-5 and DeepSeek-V3.
-    Glm(Box<GlmConfig>),
-}
-
-impl ModelConfig {
-    /// Bytes one position of one sequence takes in the KV cache (f32):
-    /// K and V per layer for plain attention; the compressed latent, rope
-    /// key and indexer key per layer for MLA.
-    pub fn kv_bytes_per_position(&self) -> u64 {
-        match self {
-            Self::Olmoe(c) => (c.num_hidden_layers * 2 * c.kv_heads() * c.head_dim() * 4) as u64,
-            Self::MoeDecoder(c) => (c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4) as u64,
-            Self::Glm(c) => {
-                (c.num_hidden_layers * (c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim()) * 4) as u64
-            }
-        }
-    }
-
-    /// Positions the model supports.
-    pub fn max_positions(&self) -> usize {
-        match self {
-            Self::Olmoe(c) => c.max_position_embeddings,
-            Self::MoeDecoder(c) => c.max_position_embeddings,
-            Self::Glm(c) => c.max_position_embeddings,
-        }
-    }
-
-    /// Reads and validates `dir`'s config.json.
-    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
-        let (path, value) = read_json(dir)?;
-        Self::from_json(&path, value)
-    }
-
-    /// The family named by `model_type`, its config parsed and validated.
-    pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
-        let model_type = value.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
-        Ok(match model_type {
-            "olmoe" => Self::Olmoe(Box::new(OlmoeConfig::from_json(path, value)?)),
-            "qwen3_moe" | "mixtral" => Self::MoeDecoder(Box::new(MoeDecoderConfig::from_json(path, value)?)),
-            "glm4_moe" => Self::MoeDecoder(Box::new(glm4_moe::from_json(path, value)?)),
-            "gpt_oss" => Self::MoeDecoder(Box::new(gpt_oss::from_json(path, value)?)),
-            "glm_moe_dsa" | "deepseek_v3" => Self::Glm(Box::new(GlmConfig::from_json(path, value)?)),
-            other => {
-                return Err(ConfigError::ModelType {
-                    path: path.to_path_buf(),
-                    found: other.to_string(),
-                });
-            }
-        })
-    }
-}
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -88,8 +22,11 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
+    /// No registered family reads this `model_type`; the list comes from
+    /// the registry ([`crate::model::FAMILIES`]).
     #[error(
-        "{path}: model_type {found:?} is not supported (supported: olmoe, qwen3_moe, mixtral, glm4_moe, gpt_oss, glm_moe_dsa, deepseek_v3)"
+        "{path}: model_type {found:?} is not supported (supported: {})",
+        crate::model::family::supported_model_types()
     )]
     ModelType { path: PathBuf, found: String },
     #[error("{path}: {field} {reason}")]

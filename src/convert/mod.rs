@@ -11,7 +11,6 @@
 //! into a temporary directory renamed into place at the very end, so an
 //! interrupted conversion never leaves something that loads.
 
-pub(crate) mod glm;
 pub(crate) mod plan;
 mod writer;
 
@@ -20,7 +19,8 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::config::{ConfigError, ModelConfig, read_json};
+use crate::config::{ConfigError, read_json};
+use crate::model::family::ModelConfig;
 use crate::quant::{QFormat, QuantError, quantize_matrix};
 use crate::st::fp8::dequantize_fp8;
 use crate::st::{Checkpoint, Dtype, StError, decode_f32};
@@ -97,15 +97,13 @@ pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
     }
 }
 
-/// The family-specific plan inputs for the checkpoint in `input`, chosen by
-/// config.json's `model_type`.
+/// The family-specific plan inputs for the checkpoint in `input`, from the
+/// family config.json's `model_type` names.
 fn model_spec(input: &Path, experts: QFormat, dense: QFormat) -> Result<ModelSpec, ConvertError> {
     let (path, json) = read_json(input)?;
-    match ModelConfig::from_json(&path, json)? {
-        ModelConfig::Olmoe(cfg) => Ok(ModelSpec::olmoe(&cfg, experts, dense)),
-        ModelConfig::MoeDecoder(cfg) => Ok(ModelSpec::moe_decoder(&cfg, experts, dense)),
-        ModelConfig::Glm(cfg) => glm::spec(&cfg, &path, experts, dense),
-    }
+    ModelConfig::from_json(&path, json)?
+        .family()
+        .convert_spec(&path, experts, dense)
 }
 
 /// Converts the checkpoint in `input` into a container at `output` (a

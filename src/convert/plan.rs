@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::ConvertError;
-use crate::config::{MoeDecoderConfig, OlmoeConfig};
 use crate::model::expert::ExpertNaming;
 use crate::quant::QFormat;
 use crate::st::fp8::{FP8_BLOCK, SCALE_INV_SUFFIX};
@@ -18,7 +17,7 @@ pub(crate) type DenseRule = dyn Fn(&str, &[usize]) -> QFormat;
 
 /// What the planner needs to know about a model family: where routed
 /// experts are, their shapes, and which format every tensor is written in.
-/// Each family builds one ([`ModelSpec::olmoe`], `super::glm::spec`); the
+/// Each family builds one (its `FamilyConfig::convert_spec`); the
 /// planning itself is shared (by `coli convert` and `coli synth`).
 pub(crate) struct ModelSpec {
     /// One entry per decoder layer that may hold tensors (`model.layers.N.`
@@ -58,60 +57,6 @@ pub(crate) enum FusedLayout {
 }
 
 impl ModelSpec {
-    /// OLMoE: every layer has experts, one format for all of them.
-    pub fn olmoe(cfg: &OlmoeConfig, experts: QFormat, dense: QFormat) -> Self {
-        Self {
-            expert_layers: vec![true; cfg.num_hidden_layers],
-            n_experts: cfg.num_experts,
-            hidden: cfg.hidden_size,
-            inter: cfg.intermediate_size,
-            expert_format: vec![experts; cfg.num_hidden_layers],
-            dense_format: Box::new(move |name, shape| {
-                if keeps_f32(name, shape) {
-                    QFormat::F32
-                } else {
-                    dense
-                }
-            }),
-            metadata: Vec::new(),
-            naming: ExpertNaming::Mlp,
-            fused: FusedLayout::Stacked,
-            expert_bias: false,
-        }
-    }
-
-    /// Qwen3-MoE / Mixtral / GLM-4.x / gpt-oss: routed experts in the
-    /// sparse layers (dense MLP layers are ordinary dense tensors), one
-    /// format for all, under the family's own expert names. GLM-4.x's
-    /// next-token layers after the main ones are kept (with experts).
-    pub fn moe_decoder(cfg: &MoeDecoderConfig, experts: QFormat, dense: QFormat) -> Self {
-        let mut expert_layers = cfg.sparse_layers();
-        expert_layers.resize(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, true);
-        let gpt_oss = cfg.kind == crate::config::DecoderKind::GptOss;
-        Self {
-            expert_format: vec![experts; expert_layers.len()],
-            expert_layers,
-            n_experts: cfg.num_experts,
-            hidden: cfg.hidden_size,
-            inter: cfg.moe_intermediate_size,
-            dense_format: Box::new(move |name, shape| {
-                if keeps_f32(name, shape) {
-                    QFormat::F32
-                } else {
-                    dense
-                }
-            }),
-            metadata: vec![("model_type", cfg.model_type.clone())],
-            naming: crate::model::moe_decoder::naming(cfg),
-            fused: if gpt_oss {
-                FusedLayout::GptOss
-            } else {
-                FusedLayout::Stacked
-            },
-            expert_bias: gpt_oss,
-        }
-    }
-
     /// Routed experts in the whole model.
     pub fn experts(&self) -> usize {
         self.expert_layers.iter().filter(|&&x| x).count() * self.n_experts
@@ -785,7 +730,7 @@ mod tests {
 
     #[test]
     fn recognises_expert_names() {
-        let mlp = ExpertNaming::Mlp;
+        let mlp = ExpertNaming::MLP;
         assert_eq!(
             mlp.parse("model.layers.3.mlp.experts.17.down_proj.weight"),
             Some((3, 17, 2))
@@ -812,7 +757,7 @@ mod tests {
 mod expert_bias_tests {
     use super::*;
     fn gpt_oss_spec() -> ModelSpec {
-        let cfg = crate::config::gpt_oss::from_json(
+        let cfg = crate::model::moe_decoder::gpt_oss::from_json(
             Path::new("c.json"),
             serde_json::json!({
                 "model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
@@ -822,7 +767,13 @@ mod expert_bias_tests {
             }),
         )
         .unwrap();
-        ModelSpec::moe_decoder(&cfg, QFormat::Int8, QFormat::Int8)
+        crate::model::family::FamilyConfig::convert_spec(
+            &cfg,
+            Path::new("c.json"),
+            QFormat::Int8,
+            QFormat::Int8,
+        )
+        .unwrap()
     }
 
     fn input(name: String, shape: Vec<usize>) -> InputTensor {

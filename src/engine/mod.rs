@@ -22,16 +22,12 @@ use colibri_actors::{
     SimSpec, SourceStats, Tag,
 };
 
-use crate::config::{DecoderKind, ModelConfig};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
-use crate::model::glm::{self, Glm, GlmPredictor};
+use crate::model::family::ModelConfig;
 use crate::model::lm::LanguageModel;
-use crate::model::moe_decoder::{self, MoeDecoder, RouterPredictor};
-use crate::model::olmoe::{self, LoadOptions, Olmoe};
-use crate::model::routed::Router;
+use crate::model::olmoe::LoadOptions;
 use crate::quant::QFormat;
-use crate::st::Checkpoint;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use usage::{CountingSource, PinMode, UsageRecorder, UsageStart, UsageTap};
 
@@ -240,9 +236,13 @@ fn kv_bytes(per_position: u64, model_max: usize, opts: &EngineOptions) -> u64 {
     per_position * ctx as u64 * opts.kv_slots.max(1) as u64
 }
 
-/// Loads the model family named by config.json's model_type.
+/// A loaded model, its stop ids, how its memory was planned and its usage tap.
 type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan, Arc<UsageTap>);
 
+/// Loads the model family named by config.json's model_type: the family
+/// loads its weights and expert map, the engine builds the expert source
+/// (with the family's predictor, the KV cache sized from its config), and
+/// the family finishes the model around it.
 fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> {
     let config = ModelConfig::load(dir).map_err(ModelError::from)?;
     let load = LoadOptions {
@@ -253,74 +253,15 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
     };
     let factory = SourceFactory { opts };
     let kv = kv_bytes(config.kv_bytes_per_position(), config.max_positions(), opts);
-    match config {
-        ModelConfig::Olmoe(cfg) => {
-            let cfg = *cfg;
-            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
-            let dense = Arc::new(olmoe::load_dense(&cfg, &ck, load)?);
-            let (map, codec) = olmoe::expert_map(&cfg, &ck, load)?;
-            drop(ck);
-            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor {
-                hidden: cfg.hidden_size,
-                rms_norm_eps: cfg.rms_norm_eps as f32,
-                num_experts: cfg.num_experts,
-                router: Router::Softmax {
-                    renorm: cfg.norm_topk_prob,
-                },
-                weights: dense.clone(),
-            });
-            let needs = MemoryNeeds {
-                dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: kv,
-            };
-            let (source, plan, tap) =
-                factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
-            let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((Box::new(Olmoe::new(cfg, dense, source)), stops, plan, tap))
-        }
-        ModelConfig::MoeDecoder(cfg) => {
-            let cfg = *cfg;
-            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
-            let dense = Arc::new(moe_decoder::load_dense(&cfg, &ck, load)?);
-            let (map, codec) = moe_decoder::expert_map(&cfg, &ck, load)?;
-            drop(ck);
-            let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor::for_decoder(&cfg, dense.clone()));
-            let needs = MemoryNeeds {
-                dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: kv,
-            };
-            let (source, plan, tap) =
-                factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
-            let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((Box::new(MoeDecoder::new(cfg, dense, source)), stops, plan, tap))
-        }
-        ModelConfig::Glm(cfg) => {
-            let cfg = *cfg;
-            let ck = Checkpoint::open(dir).map_err(ModelError::from)?;
-            let mtp = glm::mtp_available(&cfg, &ck);
-            let with_mtp = mtp.is_ok();
-            let dense = Arc::new(glm::load_dense(&cfg, &ck, load, with_mtp)?);
-            let (map, codec) = glm::expert_map(&cfg, &ck, load, with_mtp)?;
-            drop(ck);
-            let predictor: Arc<dyn Predictor> = Arc::new(GlmPredictor {
-                cfg: cfg.clone(),
-                weights: dense.clone(),
-            });
-            let needs = MemoryNeeds {
-                dense_bytes: dense.resident_bytes() as u64,
-                kv_bytes: kv,
-            };
-            let (source, plan, tap) =
-                factory.build(map, codec, Some(predictor), cfg.num_experts_per_tok, needs)?;
-            let stops = stop_ids(dir, cfg.eos_ids());
-            Ok((
-                Box::new(Glm::new(cfg, dense, source, mtp.err())),
-                stops,
-                plan,
-                tap,
-            ))
-        }
-    }
+    let family = config.into_family().load(dir, load)?;
+    let needs = MemoryNeeds {
+        dense_bytes: family.dense_bytes,
+        kv_bytes: kv,
+    };
+    let (source, plan, tap) =
+        factory.build(family.map, family.codec, family.predictor, family.top_k, needs)?;
+    let stops = stop_ids(dir, family.eos_ids);
+    Ok(((family.finish)(source), stops, plan, tap))
 }
 
 /// A model ready to generate.
@@ -440,17 +381,8 @@ pub fn stop_ids(dir: &Path, config_eos: Vec<u32>) -> Vec<u32> {
     if from_gen.is_empty() { config_eos } else { from_gen }
 }
 
-/// The built-in chat template family for a model directory's `model_type`.
-pub fn template_family(dir: &Path) -> crate::chat_template::Family {
-    use crate::chat_template::Family;
-    match ModelConfig::load(dir) {
-        Ok(ModelConfig::Glm(_)) => Family::Glm,
-        Ok(ModelConfig::MoeDecoder(c)) => match c.kind {
-            DecoderKind::Qwen3Moe => Family::ChatMl,
-            DecoderKind::Mixtral => Family::Mistral,
-            DecoderKind::Glm4Moe => Family::Glm4,
-            DecoderKind::GptOss => Family::Harmony,
-        },
-        Ok(ModelConfig::Olmoe(_)) | Err(_) => Family::Olmoe,
-    }
+/// The built-in chat format of a model directory's family (OLMoE's when
+/// its config.json cannot be read).
+pub fn template_family(dir: &Path) -> crate::chat_template::ChatFormat {
+    ModelConfig::load(dir).map_or(crate::chat_template::ChatFormat::OLMOE, |c| c.chat_format())
 }

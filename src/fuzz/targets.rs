@@ -8,7 +8,7 @@ use colibri_actors::kv::{KvFile, KvLayout, KvLoad, KvRecords};
 
 use super::Verdict;
 use super::mutate::{Rng, byte_mutation, json_mutation, number_mutation};
-use crate::config::{GlmConfig, ModelConfig, MoeDecoderConfig, OlmoeConfig};
+use crate::model::family::ModelConfig;
 use crate::quant::{ByteStore, QFormat};
 use crate::serve::batch::codec::{self as batch, Decoder, Item};
 use crate::serve::{Frame, FrameLimits, FrameReader};
@@ -209,173 +209,29 @@ fn st_check(input: &[u8]) -> Verdict {
 
 // ---- config.json ---------------------------------------------------------
 
+/// Every registered family's seeds, in registry order.
 fn config_seeds() -> Vec<Vec<u8>> {
-    let olmoe = serde_json::json!({
-        "model_type": "olmoe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "num_experts": 8, "num_experts_per_tok": 2, "rope_theta": 10000.0, "eos_token_id": [1, 2],
-        "clip_qkv": 8.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 128, "head_dim": 8,
-        "rope_scaling": null, "tie_word_embeddings": false
-    });
-    let glm = serde_json::json!({
-        "model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-        "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "q_lora_rank": 16, "kv_lora_rank": 8, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8,
-        "v_head_dim": 6, "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
-        "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "index_topk": 4,
-        "index_head_dim": 8, "index_n_heads": 2, "eos_token_id": [1, 2],
-        "index_topk_pattern": "FSF", "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 1,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
-    });
-    let mut dsv3 = glm.clone();
-    dsv3["model_type"] = "deepseek_v3".into();
-    dsv3["mlp_layer_types"] = serde_json::json!(["dense", "sparse", "sparse"]);
-    dsv3["rope_interleave"] = false.into();
-    let qwen = serde_json::json!({
-        "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-        "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 12, "num_experts": 8, "num_experts_per_tok": 2,
-        "norm_topk_prob": true, "mlp_only_layers": [1], "decoder_sparse_step": 1,
-        "rope_theta": 1e6, "eos_token_id": 2, "use_sliding_window": false, "sliding_window": null,
-        "tie_word_embeddings": false, "hidden_act": "silu"
-    });
-    let mixtral = serde_json::json!({
-        "model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 10,
-        "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8, "rope_theta": 1e6,
-        "rms_norm_eps": 1e-5, "tie_word_embeddings": true
-    });
-    let glm4 = serde_json::json!({
-        "model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-        "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 12, "partial_rotary_factor": 0.5,
-        "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 2,
-        "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
-        "attention_bias": true, "use_qk_norm": true, "num_nextn_predict_layers": 1, "eos_token_id": [1, 2]
-    });
-    let gpt_oss = serde_json::json!({
-        "model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
-        "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5, "swiglu_limit": 7.0,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
-        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                         "truncate": false, "original_max_position_embeddings": 4096}
-    });
-    [olmoe, glm, dsv3, qwen, mixtral, glm4, gpt_oss]
+    crate::model::FAMILIES
         .iter()
+        .flat_map(|f| f.fuzz_seeds())
         .map(|v| v.to_string().into_bytes())
         .collect()
 }
 
+/// An accepted config must satisfy its family's invariants
+/// ([`crate::model::family::FamilyConfig::invariants`]).
 fn config_check(input: &[u8]) -> Verdict {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(input) else {
         return Verdict::Refused;
     };
     let path = Path::new("config.json");
     match ModelConfig::from_json(path, v) {
-        Ok(ModelConfig::Olmoe(c)) => olmoe_invariants(&c),
-        Ok(ModelConfig::Glm(c)) => glm_invariants(&c),
-        Ok(ModelConfig::MoeDecoder(c)) => moe_decoder_invariants(&c),
+        Ok(c) => match c.family().invariants() {
+            Ok(()) => Verdict::Accepted,
+            Err(broken) => Verdict::Broken(broken),
+        },
         Err(_) => Verdict::Refused,
     }
-}
-
-/// What the OLMoE model code assumes of a validated config.
-fn olmoe_invariants(c: &OlmoeConfig) -> Verdict {
-    if let Some(clip) = c.clip_qkv {
-        // What attention does with it; panics when the bound is not a range.
-        let b = clip as f32;
-        let _ = 1.0f32.clamp(-b, b);
-    }
-    let hd = c.head_dim();
-    if hd == 0 || !hd.is_multiple_of(2) || !c.num_attention_heads.is_multiple_of(c.kv_heads()) {
-        return Verdict::Broken(format!(
-            "head layout {hd} / {} / {}",
-            c.num_attention_heads,
-            c.kv_heads()
-        ));
-    }
-    if !((c.rms_norm_eps as f32) > 0.0 && c.rope_theta().is_finite()) {
-        return Verdict::Broken("rms_norm_eps or rope_theta unusable in f32".into());
-    }
-    if c.num_experts_per_tok > c.num_experts {
-        return Verdict::Broken("top-k above the expert count".into());
-    }
-    let _ = c.eos_ids();
-    Verdict::Accepted
-}
-
-/// What the Llama-style decoder code (Qwen3-MoE, Mixtral, GLM-4.x,
-/// gpt-oss) assumes of a validated config.
-fn moe_decoder_invariants(c: &MoeDecoderConfig) -> Verdict {
-    let hd = c.head_dim;
-    if hd == 0 || !hd.is_multiple_of(2) || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads) {
-        return Verdict::Broken(format!(
-            "head layout {hd} / {} / {}",
-            c.num_attention_heads, c.num_key_value_heads
-        ));
-    }
-    if !((c.rms_norm_eps as f32) > 0.0 && c.rope_theta.is_finite() && c.rope_theta > 0.0) {
-        return Verdict::Broken("rms_norm_eps or rope_theta unusable in f32".into());
-    }
-    if c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts {
-        return Verdict::Broken("top-k outside 1..=experts".into());
-    }
-    if !c.any_sparse() {
-        return Verdict::Broken("no layer has routed experts".into());
-    }
-    if c.sliding_window == Some(0) {
-        return Verdict::Broken("an empty sliding window".into());
-    }
-    if c.rotary_dim == 0 || c.rotary_dim > hd || !c.rotary_dim.is_multiple_of(2) {
-        return Verdict::Broken(format!("rotary dims {} of head {hd}", c.rotary_dim));
-    }
-    if !c.sliding_layers.is_empty() && c.sliding_layers.len() != c.num_hidden_layers {
-        return Verdict::Broken("layer_types do not cover the layers".into());
-    }
-    if let crate::config::RouterChoice::Sigmoid {
-        n_group, topk_group, ..
-    } = c.router
-        && (n_group == 0 || !c.num_experts.is_multiple_of(n_group) || topk_group > n_group)
-    {
-        return Verdict::Broken("group layout".into());
-    }
-    if let Some(y) = &c.yarn {
-        // What RoPE builds from it must be finite.
-        let rope = crate::model::ops::Rope::yarn(c.rotary_dim.min(64), c.rope_theta, y);
-        let mut v = vec![1.0f32; c.rotary_dim.min(64)];
-        rope.apply_half(&mut v, 3);
-        if v.iter().any(|x| !x.is_finite()) {
-            return Verdict::Broken("YaRN rope gives non-finite values".into());
-        }
-    }
-    let _ = c.eos_ids();
-    Verdict::Accepted
-}
-
-/// What the GLM / DeepSeek-V3 model code assumes of a validated config.
-fn glm_invariants(c: &GlmConfig) -> Verdict {
-    let Ok(kinds) = c.mlp_sparse() else {
-        return Verdict::Broken("mlp_sparse refused a validated config".into());
-    };
-    if kinds.len() != c.num_hidden_layers {
-        return Verdict::Broken("layer kinds do not cover the layers".into());
-    }
-    if c.family() == crate::config::glm::MlaFamily::GlmMoeDsa {
-        match c.indexer_kinds() {
-            Ok(k) if k.len() == c.num_hidden_layers => {}
-            _ => return Verdict::Broken("indexer kinds do not cover the layers".into()),
-        }
-    }
-    let s = c.softmax_scale();
-    if !(s.is_finite() && s > 0.0 && (c.rms_norm_eps as f32) > 0.0) {
-        return Verdict::Broken(format!("softmax scale {s} or eps unusable"));
-    }
-    if !c.n_routed_experts.is_multiple_of(c.n_group) || c.topk_group > c.n_group {
-        return Verdict::Broken("group layout".into());
-    }
-    let _ = c.eos_ids();
-    Verdict::Accepted
 }
 
 // ---- .coli_kv --------------------------------------------------------------
@@ -626,8 +482,8 @@ mod tests {
         assert!(negative, "no mutant with a negative clip_qkv");
         let mut v: serde_json::Value = serde_json::from_slice(&seeds[0]).expect("seed");
         v["clip_qkv"] = (-1.0).into();
-        let unchecked: OlmoeConfig = serde_json::from_value(v).expect("deserializes");
-        let r = std::panic::catch_unwind(|| olmoe_invariants(&unchecked));
+        let unchecked: crate::model::olmoe::OlmoeConfig = serde_json::from_value(v).expect("deserializes");
+        let r = std::panic::catch_unwind(|| crate::model::family::FamilyConfig::invariants(&unchecked));
         assert!(
             r.is_err(),
             "the invariant must trip on an unvalidated negative clip"

@@ -325,52 +325,53 @@ impl ExpertDecoder<ExpertWeights> for ExpertCodec {
     }
 }
 
-/// How a family names its routed experts' matrices in a checkpoint.
+/// How a family names its routed experts' matrices in a checkpoint:
+/// `model.layers.L.{block}.experts.E.{projection}.weight`, router
+/// `model.layers.L.{block}.gate.weight`. A family whose checkpoints use
+/// other names defines its own constant; the loaders and `coli convert`
+/// read and write under whatever names it gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertNaming {
-    /// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, router
-    /// `model.layers.L.mlp.gate.weight` (OLMoE, Qwen3-MoE, GLM, DeepSeek).
-    Mlp,
-    /// `model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight` (gate,
-    /// up, down), router `model.layers.L.block_sparse_moe.gate.weight` (Mixtral).
-    BlockSparse,
+pub struct ExpertNaming {
+    /// The layer's MoE block (`mlp`, `block_sparse_moe`).
+    pub block: &'static str,
+    /// The projection names in gate, up, down order.
+    pub projections: [&'static str; 3],
 }
 
 impl ExpertNaming {
-    /// Every scheme, for recognising expert tensors by name.
-    pub const ALL: [ExpertNaming; 2] = [ExpertNaming::Mlp, ExpertNaming::BlockSparse];
+    /// `model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`, router
+    /// `model.layers.L.mlp.gate.weight` (OLMoE, Qwen3-MoE, GLM, DeepSeek).
+    pub const MLP: ExpertNaming = ExpertNaming {
+        block: "mlp",
+        projections: ["gate_proj", "up_proj", "down_proj"],
+    };
+    /// `model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.weight` (gate,
+    /// up, down), router `model.layers.L.block_sparse_moe.gate.weight` (Mixtral).
+    pub const BLOCK_SPARSE: ExpertNaming = ExpertNaming {
+        block: "block_sparse_moe",
+        projections: ["w1", "w3", "w2"],
+    };
 
-    /// The projection names in gate, up, down order.
-    fn projections(self) -> [&'static str; 3] {
-        match self {
-            ExpertNaming::Mlp => ["gate_proj", "up_proj", "down_proj"],
-            ExpertNaming::BlockSparse => ["w1", "w3", "w2"],
-        }
-    }
-
-    fn block(self) -> &'static str {
-        match self {
-            ExpertNaming::Mlp => "mlp",
-            ExpertNaming::BlockSparse => "block_sparse_moe",
-        }
-    }
+    /// The schemes the built-in families use, for tests that recognise
+    /// expert tensors by name.
+    pub const ALL: [ExpertNaming; 2] = [ExpertNaming::MLP, ExpertNaming::BLOCK_SPARSE];
 
     /// The tensor of `which` (0 gate, 1 up, 2 down) of expert `e` in layer `l`.
     pub fn tensor(self, l: usize, e: usize, which: usize) -> String {
-        let proj = self.projections()[which.min(2)];
-        format!("model.layers.{l}.{}.experts.{e}.{proj}.weight", self.block())
+        let proj = self.projections[which.min(2)];
+        format!("model.layers.{l}.{}.experts.{e}.{proj}.weight", self.block)
     }
 
     /// The bias of `which` (0 gate, 1 up, 2 down) of expert `e` in layer `l`
     /// (gpt-oss containers).
     pub fn bias(self, l: usize, e: usize, which: usize) -> String {
-        let proj = self.projections()[which.min(2)];
-        format!("model.layers.{l}.{}.experts.{e}.{proj}.bias", self.block())
+        let proj = self.projections[which.min(2)];
+        format!("model.layers.{l}.{}.experts.{e}.{proj}.bias", self.block)
     }
 
     /// The router weight of layer `l`.
     pub fn router(self, l: usize) -> String {
-        format!("model.layers.{l}.{}.gate.weight", self.block())
+        format!("model.layers.{l}.{}.gate.weight", self.block)
     }
 
     /// `(layer, expert, which)` of an expert tensor named in this scheme.
@@ -387,10 +388,10 @@ impl ExpertNaming {
     fn parse_suffix(self, name: &str, suffix: &str) -> Option<(usize, usize, usize)> {
         let rest = name.strip_prefix("model.layers.")?;
         let (l, rest) = rest.split_once('.')?;
-        let rest = rest.strip_prefix(self.block())?.strip_prefix(".experts.")?;
+        let rest = rest.strip_prefix(self.block)?.strip_prefix(".experts.")?;
         let (e, rest) = rest.split_once('.')?;
         let proj = rest.strip_suffix(suffix)?;
-        let which = self.projections().iter().position(|p| *p == proj)?;
+        let which = self.projections.iter().position(|p| *p == proj)?;
         Some((l.parse().ok()?, e.parse().ok()?, which))
     }
 }
@@ -476,9 +477,9 @@ mod tests {
             }
         }
         assert_eq!(
-            ExpertNaming::BlockSparse.parse("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+            ExpertNaming::BLOCK_SPARSE.parse("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
             Some((1, 2, 1))
         );
-        assert_eq!(ExpertNaming::Mlp.parse("model.layers.1.mlp.gate.weight"), None);
+        assert_eq!(ExpertNaming::MLP.parse("model.layers.1.mlp.gate.weight"), None);
     }
 }

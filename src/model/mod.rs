@@ -1,15 +1,30 @@
-//! Model families and what they share (ops, KV cache, the expert type).
+//! Model families and what they share (ops, KV cache, the expert type), and
+//! the registry that maps a `model_type` to its family.
 
 pub mod attention;
 pub mod expert;
-pub mod glm;
+pub mod family;
 pub mod kv_cache;
 pub mod lm;
-pub mod moe_decoder;
-pub mod olmoe;
 pub mod ops;
 pub mod routed;
 pub mod want;
+
+// The families: each is a folder with its registration entry, listed once
+// in `FAMILIES` (see docs/adding-a-family.md).
+pub mod glm;
+pub mod moe_decoder;
+pub mod olmoe;
+
+/// Every registered family, in the order the "supported" list names their
+/// `model_type`s. The one table a new family is added to.
+pub(crate) static FAMILIES: &[&dyn family::Family] = &[
+    &olmoe::OLMOE,
+    &moe_decoder::QWEN3_MIXTRAL,
+    &moe_decoder::GLM4_MOE,
+    &moe_decoder::GPT_OSS,
+    &glm::GLM,
+];
 
 use crate::config::ConfigError;
 use crate::st::StError;

@@ -112,7 +112,7 @@ impl Rope {
     /// (low frequencies) over a linear ramp between the correction
     /// dimensions of `beta_fast` and `beta_slow` rotations; cos and sin are
     /// scaled by the attention factor.
-    pub fn yarn(dim: usize, theta: f64, y: &crate::config::Yarn) -> Self {
+    pub fn yarn(dim: usize, theta: f64, y: &crate::model::moe_decoder::Yarn) -> Self {
         let pos_freqs = base_freqs(dim, theta);
         let correction = |rotations: f64| {
             (dim as f64

@@ -96,7 +96,7 @@ impl DecoderShape {
     pub(crate) fn gpt_oss_layer_tensors(&self, l: usize, dims: Dims) -> Vec<Tensor> {
         let (h, heads, experts, inter) = dims;
         let n = |rest: &str| format!("model.layers.{l}.{rest}");
-        let naming = ExpertNaming::Mlp;
+        let naming = ExpertNaming::MLP;
         let mut out = self.attention(l, h, heads, true, true);
         out.push((n("self_attn.sinks"), vec![heads]));
         out.push((n("mlp.router.weight"), vec![experts, h]));

@@ -27,8 +27,8 @@ pub use spec::{Family, SpecError, SynthSpec};
 
 use std::path::Path;
 
-use crate::config::{GlmConfig, OlmoeConfig};
-use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput, ModelSpec};
+use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput};
+use crate::model::family::ModelConfig;
 
 /// Why a synthetic model could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -70,20 +70,10 @@ pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertR
     let cfg_path = output.join("config.json");
     let (experts, dense) = (spec.expert_format, spec.dense_format);
     // Each family's own convert rules, on the config it is read back with.
-    let model = match &spec.family {
-        Family::Olmoe => {
-            let cfg = OlmoeConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
-            ModelSpec::olmoe(&cfg, experts, dense)
-        }
-        Family::Qwen3Moe { .. } | Family::Mixtral { .. } | Family::Glm4Moe(_) | Family::GptOss { .. } => {
-            let cfg = spec.decoder_config(&cfg_path).map_err(ConvertError::from)?;
-            ModelSpec::moe_decoder(&cfg, experts, dense)
-        }
-        Family::Glm(_) => {
-            let cfg = GlmConfig::from_json(&cfg_path, config.clone()).map_err(ConvertError::from)?;
-            crate::convert::glm::spec(&cfg, &cfg_path, experts, dense)?
-        }
-    };
+    let model = ModelConfig::from_json(&cfg_path, config.clone())
+        .map_err(ConvertError::from)?
+        .family()
+        .convert_spec(&cfg_path, experts, dense)?;
     let inputs = spec.inputs(output);
     let jobs = crate::convert::plan::plan(&inputs, output, &model)?;
     let write_config = |tmp: &Path| -> Result<(), ConvertError> {

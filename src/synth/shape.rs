@@ -2,23 +2,23 @@
 //!
 //! `coli bench` sizes its prompt, its all-resident pass and its disk probe
 //! from the vocabulary, the expert count and the expert map; this reads them
-//! from an OLMoE, Qwen3-MoE, Mixtral, GLM-4.x MoE, gpt-oss or GLM-5 /
-//! DeepSeek-V3 config.json, so the same bench runs on every family
-//! `coli synth` writes.
+//! through the registered family's config ([`crate::model::family`]), so
+//! the same bench runs on every family `coli synth` writes.
 
 use std::path::Path;
 
 use colibri_actors::ExpertMap;
 
-use crate::config::{ConfigError, ModelConfig, read_json};
+use crate::config::{ConfigError, read_json};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
+use crate::model::family::ModelConfig;
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
 
 /// Vocabulary, sizes and routing of a model, whatever its family (field
 /// names as OLMoE's config, which the bench used before it read GLM).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ModelShape {
     pub model_type: String,
     pub vocab_size: usize,
@@ -41,36 +41,14 @@ impl ModelShape {
             .unwrap_or("")
             .to_string();
         let family = ModelConfig::from_json(&path, json)?;
-        let (vocab_size, hidden_size, num_hidden_layers, num_experts, num_experts_per_tok) = match &family {
-            ModelConfig::Olmoe(c) => (
-                c.vocab_size,
-                c.hidden_size,
-                c.num_hidden_layers,
-                c.num_experts,
-                c.num_experts_per_tok,
-            ),
-            ModelConfig::MoeDecoder(c) => (
-                c.vocab_size,
-                c.hidden_size,
-                c.num_hidden_layers,
-                c.num_experts,
-                c.num_experts_per_tok,
-            ),
-            ModelConfig::Glm(c) => (
-                c.vocab_size,
-                c.hidden_size,
-                c.num_hidden_layers,
-                c.n_routed_experts,
-                c.num_experts_per_tok,
-            ),
-        };
+        let f = family.shape();
         Ok(Self {
             model_type,
-            vocab_size,
-            hidden_size,
-            num_hidden_layers,
-            num_experts,
-            num_experts_per_tok,
+            vocab_size: f.vocab_size,
+            hidden_size: f.hidden_size,
+            num_hidden_layers: f.num_hidden_layers,
+            num_experts: f.num_experts,
+            num_experts_per_tok: f.num_experts_per_tok,
             family,
         })
     }
@@ -82,11 +60,7 @@ impl ModelShape {
         ck: &Checkpoint,
         opts: LoadOptions,
     ) -> Result<(ExpertMap, ExpertCodec), ModelError> {
-        match &self.family {
-            ModelConfig::Olmoe(c) => crate::model::olmoe::expert_map(c, ck, opts),
-            ModelConfig::Glm(c) => crate::model::glm::expert_map(c, ck, opts, false),
-            ModelConfig::MoeDecoder(c) => crate::model::moe_decoder::expert_map(c, ck, opts),
-        }
+        self.family.family().main_expert_map(ck, opts)
     }
 
     /// Bytes one position of one sequence takes in the KV cache.

@@ -3,9 +3,11 @@
 use std::path::Path;
 
 use super::{DecoderShape, Glm4Shape, GlmShape};
-use crate::config::{ConfigError, GlmConfig, MoeDecoderConfig};
+use crate::config::ConfigError;
 use crate::convert::InputTensor;
 use crate::model::expert::ExpertNaming;
+use crate::model::glm::GlmConfig;
+use crate::model::moe_decoder::MoeDecoderConfig;
 use crate::quant::QFormat;
 use crate::st::Dtype;
 
@@ -600,8 +602,8 @@ impl SynthSpec {
     pub(crate) fn decoder_config(&self, path: &Path) -> Result<MoeDecoderConfig, ConfigError> {
         let json = self.config_json();
         match self.family {
-            Family::Glm4Moe(_) => crate::config::glm4_moe::from_json(path, json),
-            Family::GptOss { .. } => crate::config::gpt_oss::from_json(path, json),
+            Family::Glm4Moe(_) => crate::model::moe_decoder::glm4_moe::from_json(path, json),
+            Family::GptOss { .. } => crate::model::moe_decoder::gpt_oss::from_json(path, json),
             _ => MoeDecoderConfig::from_json(path, json),
         }
     }
@@ -892,8 +894,8 @@ impl SynthSpec {
             out.extend(match &self.family {
                 Family::Olmoe => self.olmoe_layer_tensors(l),
                 Family::Glm(g) => g.layer_tensors(l, h, self.heads, self.experts, inter),
-                Family::Qwen3Moe { attn, .. } => attn.layer_tensors(l, dims, true, ExpertNaming::Mlp),
-                Family::Mixtral { attn } => attn.layer_tensors(l, dims, false, ExpertNaming::BlockSparse),
+                Family::Qwen3Moe { attn, .. } => attn.layer_tensors(l, dims, true, ExpertNaming::MLP),
+                Family::Mixtral { attn } => attn.layer_tensors(l, dims, false, ExpertNaming::BLOCK_SPARSE),
                 Family::Glm4Moe(g) => g.layer_tensors(l, dims),
                 Family::GptOss { attn, .. } => attn.gpt_oss_layer_tensors(l, dims),
             });
@@ -1027,7 +1029,13 @@ mod tests {
     /// (each expert's start rounded up to the 4096-byte alignment).
     fn planned_bytes(s: &SynthSpec) -> u64 {
         let cfg = s.decoder_config(Path::new("c.json")).unwrap();
-        let model = crate::convert::ModelSpec::moe_decoder(&cfg, s.expert_format, s.dense_format);
+        let model = crate::model::family::FamilyConfig::convert_spec(
+            &cfg,
+            Path::new("c.json"),
+            s.expert_format,
+            s.dense_format,
+        )
+        .unwrap();
         let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
         let align = crate::convert::ALIGN;
         jobs.iter().fold(0, |at, j| {
@@ -1091,9 +1099,9 @@ mod tests {
             assert_eq!(find("model.layers.1.self_attn.k_proj.weight"), vec![kv, s.hidden]);
             assert_eq!(find("model.layers.1.self_attn.o_proj.weight"), vec![s.hidden, q]);
             let naming = if qwen {
-                ExpertNaming::Mlp
+                ExpertNaming::MLP
             } else {
-                ExpertNaming::BlockSparse
+                ExpertNaming::BLOCK_SPARSE
             };
             assert_eq!(find(&naming.router(1)), vec![s.experts, s.hidden]);
             let last = s.experts - 1;
@@ -1206,7 +1214,7 @@ mod tests {
             assert_eq!(find(&n("self_attn.q_proj.bias")), vec![q]);
             assert_eq!(find(&n("self_attn.k_proj.bias")), vec![kv]);
             assert_eq!(find(&n("self_attn.v_proj.bias")), vec![kv]);
-            let naming = ExpertNaming::Mlp;
+            let naming = ExpertNaming::MLP;
             assert_eq!(find(&naming.tensor(l, ne - 1, 1)), vec![i, h]);
             assert_eq!(find(&naming.tensor(l, ne - 1, 2)), vec![h, i]);
             let amp = |name: &str| s.distribution(name, &find(name));

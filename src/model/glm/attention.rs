@@ -14,9 +14,9 @@
 
 use rayon::prelude::*;
 
+use super::config::GlmConfig;
 use super::state::LayerCache;
 use super::weights::{IndexerWeights, MlaWeights};
-use crate::config::GlmConfig;
 use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace, top_k};
 
 /// Largest forward (in new tokens) computed in the absorbed form.

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use colibri_actors::{ExpertSource, Tag};
 
 use super::attention::{AttnCtx, Form, Selection, Span};
+use super::config::GlmConfig;
+use super::config::MlaFamily;
 use super::moe::{Routing, moe_block};
 use super::state::{Dims, GlmState, LayerCache};
 use super::weights::{DenseWeights, LayerWeights, Mlp};
-use crate::config::GlmConfig;
-use crate::config::glm::MlaFamily;
 use crate::model::expert::ExpertWeights;
 use crate::model::lm::{
     BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,

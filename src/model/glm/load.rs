@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
+use super::config::GlmConfig;
+use super::config::{IndexerKind, MlaFamily};
 use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights};
-use crate::config::GlmConfig;
-use crate::config::glm::{IndexerKind, MlaFamily};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert, load_swiglu};
 use crate::model::olmoe::LoadOptions;
@@ -243,7 +243,7 @@ pub fn expert_map(
         }
         for e in 0..cfg.n_routed_experts {
             let key = ExpertKey::new(l as u32, e as u32);
-            let (extent, layout) = checkpoint_expert(ck, key, h, inter, ExpertNaming::Mlp)?;
+            let (extent, layout) = checkpoint_expert(ck, key, h, inter, ExpertNaming::MLP)?;
             layouts.add(key, layout).map_err(ModelError::Weights)?;
             map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;

@@ -1,9 +1,13 @@
 //! GLM-5 (`glm_moe_dsa`) and DeepSeek-V3 (`deepseek_v3`): multi-head latent
 //! attention (with the DSA lightning indexer on GLM), a sigmoid group-limited
 //! router with shared experts, dense leading layers, and the optional
-//! next-token (MTP) module used for speculative drafts.
+//! next-token (MTP) module used for speculative drafts. Its config,
+//! convert rules and registration ([`GLM`]) are here too.
 
 mod attention;
+pub mod config;
+mod convert;
+mod family;
 mod forward;
 mod load;
 mod moe;
@@ -12,6 +16,8 @@ mod state;
 mod weights;
 
 pub use attention::{ABSORB_MAX_TOKENS, Form, Selection, layer_norm};
+pub use config::GlmConfig;
+pub(crate) use family::GLM;
 pub use forward::Glm;
 pub use load::{expert_map, load_dense, mtp_available, mtp_format};
 pub use moe::{Routing, route};

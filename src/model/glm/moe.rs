@@ -4,8 +4,8 @@
 
 use colibri_actors::{ExpertSource, SourceError, Tag};
 
+use super::config::GlmConfig;
 use super::weights::MoeWeights;
-use crate::config::GlmConfig;
 use crate::model::expert::ExpertWeights;
 pub use crate::model::routed::Routing;
 use crate::model::routed::{GroupLimited, routed_sum};

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use super::config::GlmConfig;
 use super::moe::route;
 use super::weights::{DenseWeights, Mlp};
-use crate::config::GlmConfig;
 use crate::model::ops::rms_norm;
 
 pub struct GlmPredictor {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertSource, Tag};
 
+use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use super::weights::{DenseWeights, Ffn};
-use crate::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use crate::model::attention::{AttnSpec, QkNorm, add_bias, attend};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
+use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use super::weights::{DenseWeights, Ffn, LayerWeights};
-use crate::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use crate::model::ModelError;
 use crate::model::attention::{AttnBias, AttnWeights};
 use crate::model::expert::{
@@ -21,8 +21,8 @@ use crate::st::Checkpoint;
 /// How the family names its routed experts and routers.
 pub fn naming(cfg: &MoeDecoderConfig) -> ExpertNaming {
     match cfg.kind {
-        DecoderKind::Qwen3Moe | DecoderKind::Glm4Moe | DecoderKind::GptOss => ExpertNaming::Mlp,
-        DecoderKind::Mixtral => ExpertNaming::BlockSparse,
+        DecoderKind::Qwen3Moe | DecoderKind::Glm4Moe | DecoderKind::GptOss => ExpertNaming::MLP,
+        DecoderKind::Mixtral => ExpertNaming::BLOCK_SPARSE,
     }
 }
 

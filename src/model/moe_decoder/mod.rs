@@ -1,18 +1,28 @@
-//! Qwen3-MoE and Mixtral: Llama-style pre-norm decoders with grouped-query
+//! The Llama-style MoE decoder: pre-norm layers with grouped-query
 //! attention (per-head q/k RMSNorm for Qwen3, none for Mixtral; Mixtral may
-//! use a sliding window), rotate-half RoPE, and a softmax top-k MoE of SwiGLU
+//! use a sliding window), rotate-half RoPE, and a routed MoE of gated
 //! experts (Qwen3 may interleave dense MLP layers). One implementation
-//! serves both `model_type`s; [`crate::config::MoeDecoderConfig`] carries
-//! the differences. OLMoE runs its layers through the same pass
+//! serves `qwen3_moe`, `mixtral`, `glm4_moe` and `gpt_oss`;
+//! [`MoeDecoderConfig`] carries the differences, and each config parser
+//! (`config.rs` for Qwen3 and Mixtral, `glm4_moe.rs`, `gpt_oss.rs`) has its
+//! registry entry. OLMoE runs its layers through the same pass
 //! ([`run_pass`]) and predictor.
 
+mod config;
+mod family;
 mod forward;
+pub mod glm4_moe;
+pub mod gpt_oss;
 mod load;
 mod predictor;
 mod weights;
 
+pub use config::{DecoderKind, MoeDecoderConfig, RouterChoice, Yarn};
+pub(crate) use family::QWEN3_MIXTRAL;
 pub use forward::MoeDecoder;
 pub(crate) use forward::{Pass, run_pass};
+pub(crate) use glm4_moe::GLM4_MOE;
+pub(crate) use gpt_oss::GPT_OSS;
 pub use load::{expert_map, load_dense, naming};
 pub use predictor::RouterPredictor;
 pub use weights::{DenseWeights, Ffn, LayerWeights};

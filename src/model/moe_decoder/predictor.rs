@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
+use super::config::MoeDecoderConfig;
 use super::weights::{DenseWeights, Ffn};
-use crate::config::MoeDecoderConfig;
 use crate::model::attention::add_bias;
 use crate::model::ops::rms_norm;
 use crate::model::routed::Router;

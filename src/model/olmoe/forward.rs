@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertSource, Tag};
 
-use crate::config::OlmoeConfig;
+use super::OlmoeConfig;
 use crate::model::attention::{AttnSpec, QkNorm};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvCache;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use colibri_actors::{ExpertKey, ExpertMap};
 
-use crate::config::OlmoeConfig;
+use super::OlmoeConfig;
 use crate::model::ModelError;
 use crate::model::attention::AttnWeights;
 use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert};
@@ -120,7 +120,7 @@ pub fn expert_map(
     for l in 0..cfg.num_hidden_layers {
         for e in 0..cfg.num_experts {
             let key = ExpertKey::new(l as u32, e as u32);
-            let (extent, layout) = checkpoint_expert(ck, key, h, inter, ExpertNaming::Mlp)?;
+            let (extent, layout) = checkpoint_expert(ck, key, h, inter, ExpertNaming::MLP)?;
             layouts.add(key, layout).map_err(ModelError::Weights)?;
             map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;

@@ -2,12 +2,17 @@
 //! RMSNorm over the whole projection, optional `clip_qkv`, rotate-half RoPE,
 //! and a softmax-routed top-k MoE of SwiGLU experts. The layers and the pass
 //! are the Llama-style MoE decoder's ([`crate::model::moe_decoder`]); this
-//! family holds OLMoE's config, weight names and state fingerprint.
+//! family holds OLMoE's config, weight names, state fingerprint and its
+//! registration ([`OLMOE`]).
 
+mod config;
+mod family;
 mod forward;
 mod load;
 
 pub use crate::model::lm::{ForwardError, Logits};
 pub use crate::model::moe_decoder::{DenseWeights, LayerWeights, RouterPredictor};
+pub use config::OlmoeConfig;
+pub(crate) use family::OLMOE;
 pub use forward::Olmoe;
 pub use load::{LoadOptions, expert_map, load_dense};

@@ -136,7 +136,7 @@ impl DecodeLoop {
         } else {
             let _ = writeln!(
                 diag,
-                "coli: {} not found; using the built-in {family:?} chat template",
+                "coli: {} not found; using the built-in {family} chat template",
                 cfg_path.display()
             );
             ChatTemplate::builtin(family)

@@ -1,17 +1,18 @@
 //! GLM-5 (`glm_moe_dsa`) and DeepSeek-V3 (`deepseek_v3`) conversion rules.
 //!
-//! The planning and writing are shared with OLMoE ([`super::plan`]); what is
+//! The planning and writing are shared ([`crate::convert::plan`]); what is
 //! particular here is which layers have routed experts (dense leading
 //! layers; the MTP layers after the main ones always do), which tensors stay
 //! F32, and the MTP layers' precision floor.
 
 use std::path::Path;
 
-use super::ConvertError;
-use super::plan::{ModelSpec, layer_of};
-use crate::config::{ConfigError, GlmConfig};
+use super::config::GlmConfig;
+use super::mtp_format;
+use crate::config::ConfigError;
+use crate::convert::ConvertError;
+use crate::convert::plan::{FusedLayout, ModelSpec, layer_of};
 use crate::model::expert::ExpertNaming;
-use crate::model::glm::mtp_format;
 use crate::quant::QFormat;
 
 /// Dense tensors kept F32 whatever `--dense` says: vectors (norms, biases,
@@ -52,7 +53,7 @@ pub(crate) fn spec(
         metadata.push(("mtp_dense", mtp_format(dense).to_string()));
     }
     Ok(ModelSpec {
-        fused: super::plan::FusedLayout::Stacked,
+        fused: FusedLayout::Stacked,
         expert_bias: false,
         expert_layers,
         n_experts: cfg.n_routed_experts,
@@ -69,7 +70,7 @@ pub(crate) fn spec(
             }
         }),
         metadata,
-        naming: ExpertNaming::Mlp,
+        naming: ExpertNaming::MLP,
     })
 }
 

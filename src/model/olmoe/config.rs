@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
+use crate::config::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
 
 /// The fields of an OLMoE `config.json` the engine uses, validated.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -175,16 +175,16 @@ impl OlmoeConfig {
     /// `rope_theta` at the top level (transformers 4) or inside
     /// `rope_parameters` (transformers 5).
     pub fn rope_theta(&self) -> f64 {
-        super::rope_theta(self.rope_theta, self.rope_parameters.as_ref())
+        crate::config::rope_theta(self.rope_theta, self.rope_parameters.as_ref())
     }
 
     fn rope_kind(&self) -> Option<String> {
-        super::rope_kind(self.rope_parameters.as_ref(), self.rope_scaling.as_ref())
+        crate::config::rope_kind(self.rope_parameters.as_ref(), self.rope_scaling.as_ref())
     }
 
     /// Token ids that end generation, from `eos_token_id` (a number or a list).
     pub fn eos_ids(&self) -> Vec<u32> {
-        super::token_ids(self.eos_token_id.as_ref())
+        crate::config::token_ids(self.eos_token_id.as_ref())
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
+use crate::config::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
 
 /// Which of the two families a [`MoeDecoderConfig`] came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,7 +273,7 @@ impl MoeDecoderConfig {
                     num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
                     head_dim,
                     max_position_embeddings: j.max_position_embeddings,
-                    rope_theta: super::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
+                    rope_theta: crate::config::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
                     rms_norm_eps: j.rms_norm_eps,
                     num_experts: j.num_experts,
                     num_experts_per_tok: j.num_experts_per_tok,
@@ -613,7 +613,7 @@ impl MoeDecoderConfig {
 
     /// Token ids that end generation, from `eos_token_id` (a number or a list).
     pub fn eos_ids(&self) -> Vec<u32> {
-        super::token_ids(self.eos_token_id.as_ref())
+        crate::config::token_ids(self.eos_token_id.as_ref())
     }
 }
 
@@ -656,7 +656,7 @@ pub(super) fn check_rope(
     params: Option<&serde_json::Value>,
     scaling: Option<&serde_json::Value>,
 ) -> Result<(), ConfigError> {
-    match super::rope_kind(params, scaling) {
+    match crate::config::rope_kind(params, scaling) {
         Some(kind) if kind != "default" => Err(ConfigError::Invalid {
             path: path.to_path_buf(),
             field: "rope_scaling",

@@ -8,8 +8,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::moe_decoder::{RouterChoice, Yarn, check_act, check_counts};
-use super::{ConfigError, DecoderKind, MoeDecoderConfig};
+use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, Yarn, check_act, check_counts};
+use crate::config::ConfigError;
+use crate::model::family::{Family, FamilyConfig};
 
 /// `config.json` of a gpt-oss checkpoint (defaults are `GptOssConfig`'s).
 #[derive(Deserialize)]
@@ -100,7 +101,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
     })?;
     check_act(path, j.hidden_act.as_deref())?;
     let scaling = j.rope_parameters.as_ref().or(j.rope_scaling.as_ref());
-    let yarn = match super::rope_kind(scaling, None).as_deref() {
+    let yarn = match crate::config::rope_kind(scaling, None).as_deref() {
         None | Some("default") => None,
         Some("yarn") => Some(yarn(path, scaling, j.max_position_embeddings)?),
         Some(other) => {
@@ -123,7 +124,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
             })
             .collect::<Result<Vec<_>, _>>()?,
         // transformers: even layers slide, odd ones attend fully.
-        None => (0..j.num_hidden_layers.min(super::COUNT_LIMIT))
+        None => (0..j.num_hidden_layers.min(crate::config::COUNT_LIMIT))
             .map(|l| l % 2 == 0)
             .collect(),
     };
@@ -230,6 +231,34 @@ fn yarn(path: &Path, scaling: Option<&serde_json::Value>, max_pos: usize) -> Res
         truncate,
         attention_factor,
     })
+}
+
+/// The registry entry for `gpt_oss`: parsed here, run as a
+/// [`MoeDecoderConfig`].
+pub(crate) struct GptOss;
+
+/// Listed in [`crate::model::FAMILIES`].
+pub(crate) static GPT_OSS: GptOss = GptOss;
+
+impl Family for GptOss {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["gpt_oss"]
+    }
+
+    fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {
+        Ok(Box::new(from_json(path, value)?))
+    }
+
+    fn fuzz_seeds(&self) -> Vec<serde_json::Value> {
+        vec![serde_json::json!({
+            "model_type": "gpt_oss", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 16,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 5, "swiglu_limit": 7.0,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": false, "original_max_position_embeddings": 4096}
+        })]
+    }
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::moe_decoder::{RouterChoice, check_act, check_counts, check_rope};
-use super::{ConfigError, DecoderKind, MoeDecoderConfig};
+use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, check_counts, check_rope};
+use crate::config::ConfigError;
+use crate::model::family::{Family, FamilyConfig};
 
 /// `config.json` of a GLM-4.x MoE checkpoint as written by transformers
 /// (defaults are `Glm4MoeConfig`'s).
@@ -137,7 +138,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
         num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
         head_dim,
         max_position_embeddings: j.max_position_embeddings,
-        rope_theta: super::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
+        rope_theta: crate::config::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
         rms_norm_eps: j.rms_norm_eps,
         num_experts: j.n_routed_experts,
         num_experts_per_tok: j.num_experts_per_tok,
@@ -169,6 +170,34 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
     };
     cfg.validate(path)?;
     Ok(cfg)
+}
+
+/// The registry entry for `glm4_moe`: parsed here, run as a
+/// [`MoeDecoderConfig`].
+pub(crate) struct Glm4Moe;
+
+/// Listed in [`crate::model::FAMILIES`].
+pub(crate) static GLM4_MOE: Glm4Moe = Glm4Moe;
+
+impl Family for Glm4Moe {
+    fn model_types(&self) -> &'static [&'static str] {
+        &["glm4_moe"]
+    }
+
+    fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {
+        Ok(Box::new(from_json(path, value)?))
+    }
+
+    fn fuzz_seeds(&self) -> Vec<serde_json::Value> {
+        vec![serde_json::json!({
+            "model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 12, "partial_rotary_factor": 0.5,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 2,
+            "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+            "attention_bias": true, "use_qk_norm": true, "num_nextn_predict_layers": 1, "eos_token_id": [1, 2]
+        })]
+    }
 }
 
 #[cfg(test)]

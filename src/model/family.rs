@@ -1,0 +1,256 @@
+//! What a model family registers, and the one lookup from `model_type` to it.
+//!
+//! Every place that used to match on the family (the engine's loader, `coli
+//! convert`, `coli bench`'s model shape, the built-in chat template, the
+//! config fuzzer) asks the family's [`FamilyConfig`] instead, so a new family
+//! is its own folder under `src/model/` (implementing [`Family`] and
+//! [`FamilyConfig`]) plus one `mod` line and one entry in
+//! [`super::FAMILIES`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use colibri_actors::{ExpertMap, ExpertSource, Predictor};
+
+use super::ModelError;
+use super::expert::{ExpertCodec, ExpertWeights};
+use super::lm::LanguageModel;
+use super::olmoe::LoadOptions;
+use crate::chat_template::ChatFormat;
+use crate::config::{ConfigError, read_json};
+use crate::convert::{ConvertError, ModelSpec};
+use crate::quant::QFormat;
+use crate::st::Checkpoint;
+
+/// One registration entry: the `model_type` strings a family reads and how
+/// it parses them. Implemented by a unit struct in the family's folder,
+/// whose `static` is listed in [`super::FAMILIES`].
+pub(crate) trait Family: Sync {
+    /// The `model_type` values this entry parses, in the order the
+    /// "supported" list of [`ConfigError::ModelType`] names them.
+    fn model_types(&self) -> &'static [&'static str];
+
+    /// Parses and validates a config.json whose `model_type` is one of
+    /// [`Family::model_types`]; `path` is named in errors.
+    fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError>;
+
+    /// Small valid config.json values the config fuzzer mutates (one per
+    /// `model_type` at least, each accepted by [`Family::parse`]).
+    fn fuzz_seeds(&self) -> Vec<serde_json::Value>;
+}
+
+/// A family's validated configuration: everything the engine, `coli
+/// convert`, `coli bench`, the chat front ends and the fuzzer ask of a
+/// family, so none of them matches on the family.
+pub(crate) trait FamilyConfig: Send + Sync + std::fmt::Debug {
+    /// Bytes one position of one sequence takes in the KV cache (f32).
+    fn kv_bytes_per_position(&self) -> u64;
+
+    /// Positions the model supports.
+    fn max_positions(&self) -> usize;
+
+    /// The counts `coli bench` sizes its prompt and passes from.
+    fn shape(&self) -> ShapeFacts;
+
+    /// The built-in chat format used when the checkout ships no template.
+    fn chat_format(&self) -> ChatFormat;
+
+    /// The routed experts' byte ranges of the main layers (no next-token
+    /// layers: a bench decodes without drafts), through the family's loader.
+    fn main_expert_map(
+        &self,
+        ck: &Checkpoint,
+        opts: LoadOptions,
+    ) -> Result<(ExpertMap, ExpertCodec), ModelError>;
+
+    /// Loads `dir`'s resident weights and expert map; the engine builds
+    /// the expert source from the result and then finishes the model.
+    fn load(self: Box<Self>, dir: &Path, opts: LoadOptions) -> Result<FamilyLoad, ModelError>;
+
+    /// `coli convert`'s plan inputs: which layers hold routed experts, their
+    /// shapes and names, and every tensor's output format. `config` is
+    /// config.json's path, for errors.
+    fn convert_spec(
+        &self,
+        config: &Path,
+        experts: QFormat,
+        dense: QFormat,
+    ) -> Result<ModelSpec, ConvertError>;
+
+    /// What the model code assumes of a validated config, checked by the
+    /// config fuzzer on every accepted mutant: `Err` names the broken
+    /// assumption.
+    fn invariants(&self) -> Result<(), String>;
+}
+
+/// The expert source a model reads its routed experts through.
+pub(crate) type Experts = Arc<dyn ExpertSource<ExpertWeights>>;
+
+/// What a family's loader hands the engine: the pieces its expert source is
+/// built from, and the step that turns that source into the model.
+pub(crate) struct FamilyLoad {
+    /// Resident (dense) weights, for the memory budget.
+    pub dense_bytes: u64,
+    pub map: ExpertMap,
+    pub codec: ExpertCodec,
+    /// The pilot's router math, if the family has one.
+    pub predictor: Option<Arc<dyn Predictor>>,
+    /// Experts routed per token (the pilot's default guess count).
+    pub top_k: usize,
+    /// config.json's end-of-sequence ids (generation_config.json wins).
+    pub eos_ids: Vec<u32>,
+    /// Builds the model around the expert source.
+    pub finish: Box<dyn FnOnce(Experts) -> Box<dyn LanguageModel>>,
+}
+
+/// The few counts a benchmark needs, whatever the family (names as OLMoE's
+/// config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShapeFacts {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    /// Routed experts per sparse layer.
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+}
+
+/// The registered entry that parses `model_type`, if any.
+pub(crate) fn family_of(model_type: &str) -> Option<&'static dyn Family> {
+    super::FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.model_types().contains(&model_type))
+}
+
+/// Every supported `model_type`, comma-separated in registry order (the
+/// list [`ConfigError::ModelType`] prints).
+pub fn supported_model_types() -> String {
+    super::FAMILIES
+        .iter()
+        .flat_map(|f| f.model_types().iter().copied())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A model's validated configuration, parsed by the family its `model_type`
+/// names. The family itself stays behind [`FamilyConfig`].
+#[derive(Debug)]
+pub struct ModelConfig {
+    config: Box<dyn FamilyConfig>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `dir`'s config.json.
+    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
+        let (path, value) = read_json(dir)?;
+        Self::from_json(&path, value)
+    }
+
+    /// The family named by `model_type`, its config parsed and validated.
+    pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let model_type = value.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+        match family_of(model_type) {
+            Some(family) => Ok(Self {
+                config: family.parse(path, value)?,
+            }),
+            None => Err(ConfigError::ModelType {
+                path: path.to_path_buf(),
+                found: model_type.to_string(),
+            }),
+        }
+    }
+
+    /// Bytes one position of one sequence takes in the KV cache (f32):
+    /// K and V per layer for plain attention; the compressed latent, rope
+    /// key and indexer key per layer for MLA.
+    pub fn kv_bytes_per_position(&self) -> u64 {
+        self.config.kv_bytes_per_position()
+    }
+
+    /// Positions the model supports.
+    pub fn max_positions(&self) -> usize {
+        self.config.max_positions()
+    }
+
+    /// The counts a benchmark needs.
+    pub fn shape(&self) -> ShapeFacts {
+        self.config.shape()
+    }
+
+    /// The built-in chat format of the family.
+    pub fn chat_format(&self) -> ChatFormat {
+        self.config.chat_format()
+    }
+
+    /// The family's own view of the config.
+    pub(crate) fn family(&self) -> &dyn FamilyConfig {
+        self.config.as_ref()
+    }
+
+    /// The family's config, to load the model from.
+    pub(crate) fn into_family(self) -> Box<dyn FamilyConfig> {
+        self.config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_model_type_maps_to_exactly_one_family() {
+        let all: Vec<&str> = super::super::FAMILIES
+            .iter()
+            .flat_map(|f| f.model_types().iter().copied())
+            .collect();
+        assert!(!all.is_empty());
+        for t in &all {
+            assert!(!t.is_empty());
+            let owners = super::super::FAMILIES
+                .iter()
+                .filter(|f| f.model_types().contains(t))
+                .count();
+            assert_eq!(owners, 1, "{t} is registered {owners} times");
+        }
+    }
+
+    #[test]
+    fn every_family_has_a_seed_per_model_type_that_it_accepts() {
+        for f in super::super::FAMILIES {
+            let seeds = f.fuzz_seeds();
+            for t in f.model_types() {
+                assert!(
+                    seeds.iter().any(|s| s["model_type"] == *t),
+                    "{t} has no fuzz seed"
+                );
+            }
+            for s in seeds {
+                let t = s["model_type"].as_str().unwrap_or("").to_string();
+                assert!(f.model_types().contains(&t.as_str()), "a seed of {t}");
+                let c = ModelConfig::from_json(Path::new("seed.json"), s)
+                    .unwrap_or_else(|e| panic!("seed of {t} refused: {e}"));
+                assert_eq!(c.family().invariants(), Ok(()), "{t}");
+                assert!(c.max_positions() > 0 && c.kv_bytes_per_position() > 0, "{t}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_supported_list_is_the_table() {
+        assert_eq!(
+            supported_model_types(),
+            "olmoe, qwen3_moe, mixtral, glm4_moe, gpt_oss, glm_moe_dsa, deepseek_v3"
+        );
+        let e = ModelConfig::from_json(Path::new("c.json"), serde_json::json!({"model_type": "llama"}))
+            .unwrap_err();
+        assert!(matches!(e, ConfigError::ModelType { .. }));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "c.json: model_type \"llama\" is not supported (supported: {})",
+                supported_model_types()
+            )
+        );
+    }
+}
