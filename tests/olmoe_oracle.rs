@@ -74,13 +74,11 @@ fn int8_activations_stay_close_to_the_oracle() {
         int8_acts: true,
         ..EngineOptions::default()
     };
-    // Fixtures with an int8 round-trip oracle are held to it exactly on the
-    // f32-activation path instead (tests/glm4_gptoss_oracle.rs); their
-    // margins are narrower than int8 activations' error.
-    for dir in fixtures()
-        .into_iter()
-        .filter(|d| !std::fs::read_to_string(d.join("REF.json")).is_ok_and(|r| r.contains("int8_full_ids")))
-    {
+    // glm4-moe-tiny's margins are narrower than int8 activations' error: it
+    // is held to its int8 round-trip oracle exactly on the f32-activation
+    // path instead, and to one position in eight here
+    // (tests/glm4_gptoss_oracle.rs).
+    for dir in fixtures().into_iter().filter(|d| !d.ends_with("glm4-moe-tiny")) {
         check(&dir, &opts, 1, 2);
     }
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny");

@@ -1,9 +1,11 @@
 //! Qwen3-MoE and Mixtral against transformers oracles
 //! (fixtures/{qwen3-moe-tiny,mixtral-tiny}/REF.json, written by
 //! tools/make_qwen_mixtral_fixtures.py): token-exact in f32, through the
-//! streamed pipeline with the pilot, after `coli convert` to an int8
-//! container, with a tied head, through `coli serve` with the chat
-//! template, and clear errors on hostile configs.
+//! streamed pipeline with the pilot, with int8 weights (quantized at load or
+//! by `coli convert`) and f32 activations against transformers run on the
+//! same int8 round-trip weights (`int8_full_ids` / `int8_tf_pred`), with a
+//! tied head, through `coli serve` with the chat template, and clear errors
+//! on hostile configs.
 
 mod support;
 
@@ -42,6 +44,41 @@ fn check(model: &Path, reference: &Path, opts: &EngineOptions, max_greedy_miss: 
     );
 }
 
+/// Greedy and teacher-forced mismatches of `model` against `r`.
+fn mismatches(model: &Path, r: &Reference, opts: &EngineOptions) -> (usize, usize) {
+    let mut engine = Engine::load(model, opts).unwrap();
+    let (ok, total) = greedy(&mut engine, r).unwrap();
+    let (tok, ttotal) = teacher_forcing(&mut engine, r).unwrap();
+    (total - ok, ttotal - tok)
+}
+
+fn exact(model: &Path, r: &Reference, opts: &EngineOptions) {
+    assert_eq!(
+        mismatches(model, r, opts),
+        (0, 0),
+        "{} with {opts:?}",
+        model.display()
+    );
+}
+
+/// The fixture's int8 round-trip oracle.
+fn int8_oracle(dir: &Path) -> Reference {
+    Reference::load(&dir.join("REF.json"))
+        .unwrap()
+        .int8()
+        .expect("REF.json has an int8 oracle")
+}
+
+/// Int8 weights through f32 activations: the path the int8 oracle checks.
+fn int8_exact_path() -> EngineOptions {
+    EngineOptions {
+        expert_bits: 8,
+        dense_bits: 8,
+        int8_acts: false,
+        ..EngineOptions::default()
+    }
+}
+
 #[test]
 fn f32_is_token_exact() {
     for rel in FIXTURES {
@@ -64,10 +101,80 @@ fn streamed_with_the_pilot_is_token_exact() {
     }
 }
 
+/// Quantized at load (`--expert-bits 8 --dense-bits 8 --f32-acts`), mapped
+/// and streamed with the pilot: token for token what transformers gives on
+/// the same int8 round-trip weights.
+#[test]
+fn int8_is_token_exact_against_the_int8_oracle() {
+    let streamed = EngineOptions {
+        placement: Placement::Streamed,
+        pilot: true,
+        cache_cap: Some(2),
+        ..int8_exact_path()
+    };
+    for rel in FIXTURES {
+        let dir = fixture(rel);
+        let int8 = int8_oracle(&dir);
+        exact(&dir, &int8, &int8_exact_path());
+        exact(&dir, &int8, &streamed);
+    }
+}
+
+/// The logits at the last position of `ids`.
+fn last_logits(model: &Path, opts: &EngineOptions, ids: &[u32]) -> Vec<f32> {
+    let mut engine = Engine::load(model, opts).unwrap();
+    let mut st = engine.model.new_state();
+    engine
+        .model
+        .forward(ids, st.as_mut(), Tag::new(0, 1, 0), Logits::Last)
+        .unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// `logits_last` / `int8_logits_last` of a REF.json.
+fn ref_logits(dir: &Path) -> (Vec<f32>, Vec<f32>) {
+    let text = std::fs::read_to_string(dir.join("REF.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let get = |k: &str| -> Vec<f32> {
+        serde_json::from_value(v[k].clone()).unwrap_or_else(|e| panic!("{}: {k}: {e}", dir.display()))
+    };
+    (get("logits_last"), get("int8_logits_last"))
+}
+
+/// These fixtures' int8 tokens equal their f32 tokens, so the logits tell
+/// the two apart: with int8 weights the engine's last-position logits are
+/// within 1e-3 of transformers' on the int8 round-trip weights, which lie
+/// more than 0.1 from the f32 ones (and the f32 engine within 1e-3 of those).
+#[test]
+fn int8_logits_match_the_int8_oracle_not_the_f32_one() {
+    for rel in FIXTURES {
+        let dir = fixture(rel);
+        let (f32_ref, int8_ref) = ref_logits(&dir);
+        let ids = int8_oracle(&dir).full_ids;
+        assert!(
+            max_diff(&f32_ref, &int8_ref) > 0.1,
+            "{rel}: int8 barely moves the logits"
+        );
+        let int8 = last_logits(&dir, &int8_exact_path(), &ids);
+        let d8 = max_diff(&int8, &int8_ref);
+        assert!(d8 < 1e-3, "{rel}: int8 logits {d8} from the int8 oracle");
+        let f32 = last_logits(&dir, &EngineOptions::default(), &ids);
+        let d = max_diff(&f32, &f32_ref);
+        assert!(d < 1e-3, "{rel}: f32 logits {d} from the f32 oracle");
+        eprintln!("{rel}: |int8 - int8 oracle| {d8:.2e}, |f32 - f32 oracle| {d:.2e}");
+    }
+}
+
 /// `coli convert` to int8 experts and dense matrices keeps each family's
 /// names (Mixtral's `block_sparse_moe.experts.E.w1`), writes no experts for
-/// Qwen3's dense MLP layer, and the container runs within one mismatch of
-/// the f32 oracle (the fixtures were chosen to have none).
+/// Qwen3's dense MLP layer; with f32 activations the container matches the
+/// int8 oracle exactly, and with int8 activations (the default) it stays
+/// within one mismatch of the f32 oracle (the fixtures were chosen to have
+/// none).
 #[test]
 fn int8_container_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
@@ -86,6 +193,11 @@ fn int8_container_round_trip() {
             assert!(!ck.has("model.layers.2.block_sparse_moe.gate.weight.qs"));
         }
         drop(ck);
+        let f32_acts = EngineOptions {
+            int8_acts: false,
+            ..EngineOptions::default()
+        };
+        exact(&out, &int8_oracle(&dir), &f32_acts);
         check(&out, &dir, &EngineOptions::default(), 1, 1);
         let streamed = EngineOptions {
             placement: Placement::Streamed,

@@ -2,7 +2,18 @@
 # Oracle fixture for the DeepSeek-V3 arm of the GLM engine (model_type
 # "deepseek_v3"): a tiny random-weight DeepseekV3ForCausalLM checkpoint and a
 # transformers-produced REF.json (prompt_ids, full_ids = greedy continuation,
-# tf_pred = teacher-forced argmax at every position).
+# tf_pred = teacher-forced argmax at every position), plus an exact oracle for
+# the int8 path: `int8_full_ids` / `int8_tf_pred` are the same two runs on a
+# copy whose matrices went through the int8 round trip the engine applies at
+# `--expert-bits 8 --dense-bits 8` (per output row: scale = amax/127, round
+# half to even, clamp to [-128, 127]). The engine quantizes every matrix of
+# the GLM / DeepSeek-V3 arm but the router (`mlp.gate.weight`): embeddings,
+# q_a/q_b, kv_a_proj_with_mqa, kv_b, o_proj, the dense and shared MLPs, the
+# routed experts and lm_head (src/convert/glm.rs keeps vectors and routers
+# F32); norms and e_score_correction_bias stay f32. `logits_last` /
+# `int8_logits_last` are the logits at the last position of `full_ids` /
+# `int8_full_ids` (this seed's int8 tokens equal its f32 tokens, so the tests
+# also compare these logits, which do tell int8 weights from f32 ones).
 #
 # Pinned versions (fixtures/deepseek-v3-tiny was produced with exactly these):
 #   torch==2.9.1  transformers==4.57.1  safetensors (any 0.4+)
@@ -15,6 +26,7 @@
 # routed_scaling_factor, a shared expert, first_k_dense_replace = 1, and
 # GQA-free MLA heads with v_head_dim != qk_nope_head_dim.
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -82,6 +94,19 @@ def build(seed, scale):
     return model
 
 
+def int8_copy(model):
+    """Every matrix the engine quantizes replaced by its int8 round trip."""
+    q = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in q.named_parameters():
+            if p.dim() != 2 or name.endswith("mlp.gate.weight"):
+                continue
+            w = p.data.float()
+            scale = (w.abs().amax(dim=-1, keepdim=True) / 127.0).clamp(min=1e-8)
+            p.data.copy_(torch.round(w / scale).clamp(-128, 127) * scale)
+    return q
+
+
 def evaluate(model, prompt):
     with torch.no_grad():
         ids = list(prompt)
@@ -98,7 +123,7 @@ def evaluate(model, prompt):
         tf = [int(x) for x in torch.argmax(full, dim=-1)]
         top2 = torch.topk(full, 2, dim=-1).values
         margins += [float(x) for x in (top2[:, 0] - top2[:, 1])]
-    return ids, tf, min(margins), len(set(ids[len(prompt):]))
+    return ids, tf, min(margins), len(set(ids[len(prompt):])), full[-1].float().tolist()
 
 
 def main():
@@ -121,16 +146,24 @@ def main():
             r = evaluate(model, prompt)
             if r is None:
                 continue
-            full, tf, margin, distinct = r
+            full, tf, margin, distinct, logits_last = r
             print(f"seed={seed} scale={scale} margin={margin:.4f} distinct={distinct}", flush=True)
             if margin > 0.05 and distinct >= NEW_TOKENS // 2:
-                chosen = (seed, scale, model, full, tf, margin)
+                chosen = (seed, scale, model, full, tf, margin, logits_last)
                 break
         if chosen:
             break
     if chosen is None:
         raise SystemExit("no candidate met the criteria")
-    seed, scale, model, full, tf, margin = chosen
+    seed, scale, model, full, tf, margin, logits_last = chosen
+    q = evaluate(int8_copy(model), prompt)
+    if q is None:
+        raise SystemExit("the int8 copy generated eos")
+    int8_full, int8_tf, int8_margin, _, int8_logits_last = q
+    print(
+        f"int8 oracle: min_margin={int8_margin:.4f} equal_to_f32={int8_full == full and int8_tf == tf}",
+        flush=True,
+    )
     d = os.path.join(os.path.abspath(args.out), "deepseek-v3-tiny")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
@@ -142,9 +175,14 @@ def main():
         "prompt_ids": prompt,
         "full_ids": full,
         "tf_pred": tf,
+        "int8_full_ids": int8_full,
+        "int8_tf_pred": int8_tf,
         "dtype": "f32",
         "new_tokens": NEW_TOKENS,
         "min_margin": margin,
+        "int8_min_margin": int8_margin,
+        "logits_last": logits_last,
+        "int8_logits_last": int8_logits_last,
         "generator": {
             "script": "tools/make_deepseek_v3_fixture.py",
             "seed": seed,

@@ -16,8 +16,16 @@
 # reloaded with from_pretrained and its logits compared bit for bit with the in-memory
 # model. Weights are drawn with decisive scales and a seed search keeps a candidate whose
 # greedy/teacher-forced top1-top2 margins and router top-k gaps are comfortably large
-# and which stays within one mismatch under an int8 round trip (the olmoe_oracle test
-# runs every fixture at int8 too).
+# and whose int8 round trip reproduces the f32 run exactly (0 greedy and 0 teacher-
+# forced mismatches). REF.json also carries the int8 oracle: `int8_full_ids` /
+# `int8_tf_pred` are transformers' greedy run and teacher-forced argmax on that int8
+# round-trip copy (every matrix the engine quantizes at --expert-bits 8 --dense-bits 8,
+# per output row: scale = amax/127, round half to even, clamp to [-128, 127]; routers
+# and norms stay f32), which `--expert-bits 8 --dense-bits 8 --f32-acts` must match
+# token for token (tests/qwen3_mixtral_oracle.rs, `coli validate --int8-oracle`), and
+# `int8_logits_last` that copy's logits at the last position of `int8_full_ids` (the
+# chosen fixtures' int8 tokens equal their f32 tokens, so the tests also compare these
+# logits, which do tell int8 weights from f32 ones).
 import argparse
 import copy
 import json
@@ -196,12 +204,14 @@ def int8_copy(model):
 
 
 def int8_mismatches(model, prompt_ids, r):
+    """Mismatches of the int8 round-trip copy against the f32 run, and the
+    copy's own run (the int8 oracle)."""
     q = int8_copy(model)
     qr = evaluate(q, prompt_ids)
     n = len(prompt_ids)
     greedy = sum(a != b for a, b in zip(qr["full_ids"][n:], r["full_ids"][n:]))
     tf = sum(a != b for a, b in zip(qr["tf_pred"], r["tf_pred"]))
-    return greedy, tf
+    return greedy, tf, qr
 
 
 def build_candidate(name, seed, scale):
@@ -239,7 +249,10 @@ def choose(name, seeds, scales):
                 and min(r["expert_usage"]) >= r["n_experts"] - 1
             )
             if ok:
-                r["int8_greedy_mismatches"], r["int8_tf_mismatches"] = int8_mismatches(model, prompt, r)
+                r["int8_greedy_mismatches"], r["int8_tf_mismatches"], q = int8_mismatches(model, prompt, r)
+                r["int8_full_ids"], r["int8_tf_pred"] = q["full_ids"], q["tf_pred"]
+                r["int8_min_margin"], r["int8_min_router_gap"] = q["min_margin"], q["min_router_gap"]
+                r["int8_logits_last"] = q["logits_last"]
                 ok = r["int8_greedy_mismatches"] == 0 and r["int8_tf_mismatches"] == 0
             print(
                 f"  {name} seed={seed} scale={scale}: min_margin={r['min_margin']:.4f} "
@@ -285,16 +298,21 @@ def write_ref(out_dir, name, seed, scale, prompt, r):
         "prompt_ids": prompt,
         "full_ids": r["full_ids"],
         "tf_pred": r["tf_pred"],
+        "int8_full_ids": r["int8_full_ids"],
+        "int8_tf_pred": r["int8_tf_pred"],
         "dtype": "f32",
         "new_tokens": NEW_TOKENS,
         "min_margin": r["min_margin"],
         "gen_min_margin": r["gen_margin"],
         "tf_min_margin": r["tf_margin"],
         "min_router_gap": r["min_router_gap"],
+        "int8_min_margin": r["int8_min_margin"],
+        "int8_min_router_gap": r["int8_min_router_gap"],
         "expert_usage": r["expert_usage"],
         "int8_greedy_mismatches": r.get("int8_greedy_mismatches"),
         "int8_tf_mismatches": r.get("int8_tf_mismatches"),
         "logits_last": r["logits_last"],
+        "int8_logits_last": r["int8_logits_last"],
         "generator": {
             "script": "tools/make_qwen_mixtral_fixtures.py",
             "fixture": name,
@@ -391,6 +409,7 @@ def main():
             seed=seed,
             scale=scale,
             min_margin=round(r["min_margin"], 4),
+            int8_min_margin=round(r["int8_min_margin"], 4),
             min_router_gap=round(r["min_router_gap"], 5),
             expert_usage=r["expert_usage"],
             greedy_consistent=r["full_ids"][len(prompt) :] == r["tf_pred"][len(prompt) - 1 : -1],

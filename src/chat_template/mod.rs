@@ -2,9 +2,10 @@
 //!
 //! Models ship their format as a Jinja template in `tokenizer_config.json`
 //! (`chat_template`). We render it with minijinja configured like Hugging Face
-//! does (`trim_blocks`, `lstrip_blocks`, `raise_exception`, Python string
-//! methods through minijinja-contrib's pycompat), so the prompt matches what
-//! the model saw in training. When a checkout has no template, a built-in
+//! does (`trim_blocks`, `lstrip_blocks`, loop controls, `raise_exception`,
+//! `strftime_now`, transformers' `tojson`, Python string and dict methods
+//! through minijinja-contrib's pycompat; see `hf.rs`), so the prompt matches
+//! what the model saw in training. When a checkout has no template, a built-in
 //! one ([`ChatFormat`], chosen by the model's family) stands in.
 //!
 //! `coli serve` keeps the conversation in the KV cache, so it needs only the
@@ -12,8 +13,9 @@
 
 mod builtin;
 mod error;
+mod hf;
 mod template;
 
 pub use builtin::ChatFormat;
 pub use error::TemplateError;
-pub use template::{ChatMessage, ChatTemplate};
+pub use template::{ChatMessage, ChatTemplate, Clock};

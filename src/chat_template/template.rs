@@ -1,12 +1,15 @@
 //! Rendering a conversation with a Jinja chat template.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
 
-use minijinja::{Environment, Error, ErrorKind, context};
+use minijinja::{Environment, context};
 use serde::Serialize;
 
 use super::builtin::ChatFormat;
 use super::error::TemplateError;
+use super::hf;
 
 /// One message of a conversation, as chat templates expect it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -39,12 +42,17 @@ impl ChatMessage {
 
 const NAME: &str = "chat_template";
 
+/// Where `strftime_now` gets the time: the system clock unless a test (or
+/// a caller wanting a fixed date) injects another ([`ChatTemplate::with_clock`]).
+pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
 /// A compiled chat template with the special tokens it refers to.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
     origin: String,
+    clock: Clock,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -53,13 +61,6 @@ impl std::fmt::Debug for ChatTemplate {
             .field("origin", &self.origin)
             .finish_non_exhaustive()
     }
-}
-
-fn raise_exception(msg: String) -> Result<String, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("template raised: {msg}"),
-    ))
 }
 
 /// Newer checkpoints (gpt-oss, GLM-4.5) ship the template as
@@ -86,14 +87,22 @@ fn token_of(v: Option<&serde_json::Value>) -> Option<String> {
 }
 
 impl ChatTemplate {
-    /// Compiles `source` the way Hugging Face renders chat templates.
+    /// Compiles `source` the way Hugging Face renders chat templates:
+    /// `trim_blocks`, `lstrip_blocks`, `{% break %}` / `{% continue %}`,
+    /// Python's string and dict methods (`.strip()`, `.split()`,
+    /// `.items()`, ...), the globals `raise_exception(message)` and
+    /// `strftime_now(format)` (UTC), and transformers' `tojson` (Python's
+    /// `json.dumps`: `", "` / `": "` separators, no HTML escaping, keyword
+    /// arguments `ensure_ascii`, `indent`, `separators`, `sort_keys`).
     /// `origin` names where the template came from, for error messages.
     pub fn new(source: &str, bos_token: &str, eos_token: &str, origin: &str) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", raise_exception);
+        env.add_function("raise_exception", hf::raise_exception);
+        env.add_function("strftime_now", hf::strftime_now);
+        env.add_filter("tojson", hf::tojson);
         env.add_template_owned(NAME, source.to_string())
             .map_err(|source| TemplateError::Syntax {
                 origin: origin.to_string(),
@@ -104,7 +113,15 @@ impl ChatTemplate {
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
             origin: origin.to_string(),
+            clock: Arc::new(SystemTime::now),
         })
+    }
+
+    /// The same template with `strftime_now` reading `clock` instead of the
+    /// system clock (the date is rendered in UTC).
+    pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The built-in template of `format` with its default special tokens.
@@ -208,6 +225,16 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
+        self.render_at(messages, add_generation_prompt, (self.clock)())
+    }
+
+    /// [`Self::render`] with `strftime_now` showing `now`.
+    fn render_at(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        now: SystemTime,
+    ) -> Result<String, TemplateError> {
         let render_err = |source| TemplateError::Render {
             origin: self.origin.clone(),
             source,
@@ -218,6 +245,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            __colibri_now_unix => hf::unix_seconds(now),
         })
         .map_err(render_err)
     }
@@ -228,15 +256,19 @@ impl ChatTemplate {
     /// Computed as the part of `render(history + [user], true)` past its common
     /// prefix with `render(history, false)`: exact for templates that render a
     /// conversation as the concatenation of its messages. With an empty
-    /// history this is the full prompt (including any BOS text).
+    /// history this is the full prompt (including any BOS text). The delta
+    /// starts at a whole `<|...|>` special token, never inside one. Both renders
+    /// read the clock once, so a template showing the date (gpt-oss's
+    /// `strftime_now`) gives a clean delta even across midnight.
     pub fn render_turn(&self, history: &[ChatMessage], user_text: &str) -> Result<String, TemplateError> {
         let mut all = history.to_vec();
         all.push(ChatMessage::user(user_text));
-        let full = self.render(&all, true)?;
+        let now = (self.clock)();
+        let full = self.render_at(&all, true, now)?;
         if history.is_empty() {
             return Ok(full);
         }
-        let before = self.render(history, false)?;
+        let before = self.render_at(history, false, now)?;
         let mut common = full
             .bytes()
             .zip(before.bytes())
@@ -244,6 +276,14 @@ impl ChatTemplate {
             .count();
         while !full.is_char_boundary(common) {
             common -= 1;
+        }
+        // Never split a special token: gpt-oss's template closes the last
+        // assistant turn with `<|return|>` when no generation prompt follows
+        // and with `<|end|>` otherwise, so the renders part inside `<|`.
+        if let Some(open) = full[..common].rfind("<|")
+            && !full[open..common].contains("|>")
+        {
+            common = open;
         }
         Ok(full[common..].to_string())
     }
@@ -380,7 +420,8 @@ mod tests {
                    {% endfor %}";
         let t = ChatTemplate::new(src, "", "", "test").unwrap();
         let s = t.render(&[ChatMessage::user(" ab ")], false).unwrap();
-        assert_eq!(s, "ab|True|{\"role\":\"user\",\"content\":\" ab \"}\n");
+        // transformers' tojson: json.dumps separators, fields in order.
+        assert_eq!(s, "ab|True|{\"role\": \"user\", \"content\": \" ab \"}\n");
         let err = t.render(&[ChatMessage::new("tool", "x")], false).unwrap_err();
         assert!(matches!(err, TemplateError::Render { .. }));
         assert!(format!("{err:#}").contains("bad role: tool") || err.to_string().contains("rendering"));
