@@ -162,8 +162,15 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
             None => anyhow::bail!("no readable memory limit here: pass --ram-gb"),
         },
     };
-    let cache_bytes = expert_cache_bytes(budget_bytes, dense_bytes, kv_bytes);
+    let mut cache_bytes = expert_cache_bytes(budget_bytes, dense_bytes, kv_bytes);
     let mapped = expert_bytes <= cache_bytes;
+    if !mapped {
+        // The streamed pipeline's buffers in flight, as the engine reserves
+        // them (default I/O workers).
+        let workers = crate::engine::EngineOptions::default().io_workers;
+        let transient = crate::engine::streamed_transient_bytes(&map, workers, shape.num_experts_per_tok);
+        cache_bytes = cache_bytes.saturating_sub(transient);
+    }
     let hit = if mapped {
         1.0
     } else {

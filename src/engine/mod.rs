@@ -59,6 +59,17 @@ pub struct MemoryNeeds {
     pub dense_bytes: u64,
     /// KV cache at full context for every slot.
     pub kv_bytes: u64,
+    /// Streamed placement only: expert buffers outside the cache's budget
+    /// (idle in the pool, in flight, still held by compute after eviction);
+    /// see [`streamed_transient_bytes`].
+    pub transient_bytes: u64,
+}
+
+/// What a streamed pipeline's transient expert buffers may take, reserved
+/// outside the expert cache so that the plan's total bounds peak RSS: a
+/// fixed count of the largest expert (`transient_expert_buffers`).
+pub fn streamed_transient_bytes(map: &ExpertMap, io_workers: usize, top_k: usize) -> u64 {
+    colibri_actors::pipeline::transient_expert_buffers(io_workers, top_k) as u64 * map.max_expert_bytes()
 }
 
 /// Activations, scratch buffers and I/O buffers in flight.
@@ -79,7 +90,13 @@ impl MemoryPlan {
     /// Everything the engine planned to hold: dense weights, KV cache at
     /// full context, working set and the expert cache.
     pub fn engine_total(&self) -> Option<u64> {
-        Some(self.cache_budget? + self.needs.dense_bytes + self.needs.kv_bytes + WORKING_SET_BYTES)
+        Some(
+            self.cache_budget?
+                + self.needs.dense_bytes
+                + self.needs.kv_bytes
+                + WORKING_SET_BYTES
+                + self.needs.transient_bytes,
+        )
     }
 }
 
@@ -89,11 +106,16 @@ impl std::fmt::Display for MemoryPlan {
         match (self.engine_total(), self.cache_budget) {
             (Some(t), Some(c)) => write!(
                 f,
-                "memory budget {:.2} GiB (dense {:.2} + KV {:.2} + working set {:.2} + expert cache {:.2}) from {}",
+                "memory budget {:.2} GiB (dense {:.2} + KV {:.2} + working set {:.2}{} + expert cache {:.2}) from {}",
                 g(t),
                 g(self.needs.dense_bytes),
                 g(self.needs.kv_bytes),
                 g(WORKING_SET_BYTES),
+                if self.needs.transient_bytes > 0 {
+                    format!(" + expert buffers in flight {:.2}", g(self.needs.transient_bytes))
+                } else {
+                    String::new()
+                },
                 g(c),
                 self.source
             ),
@@ -163,12 +185,30 @@ impl SourceFactory<'_> {
                 }
             },
         };
+        let placement = self.placement(&map, ram_budget_bytes);
+        let mut needs = needs;
+        let mut ram_budget_bytes = ram_budget_bytes;
+        if placement == Placement::Streamed
+            && let Some(budget) = ram_budget_bytes
+        {
+            let transient = streamed_transient_bytes(&map, o.io_workers, top_k);
+            if let Some(g) = o.ram_gb
+                && budget <= transient
+            {
+                return Err(EngineError::Option(format!(
+                    "--ram-gb {g}: after the dense weights, KV cache and working set, {:.2} GB is left, not enough for the {:.2} GB of expert buffers a streamed pipeline holds in flight",
+                    budget as f64 / (1u64 << 30) as f64,
+                    transient as f64 / (1u64 << 30) as f64
+                )));
+            }
+            needs.transient_bytes = transient;
+            ram_budget_bytes = Some(budget.saturating_sub(transient).max(1));
+        }
         let plan = MemoryPlan {
             needs,
             cache_budget: ram_budget_bytes,
             source,
         };
-        let placement = self.placement(&map, ram_budget_bytes);
         tracing::info!(?placement, budget = ?ram_budget_bytes, "expert placement");
         let tap = Arc::new(UsageTap::new(
             map.layers,
@@ -257,6 +297,7 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
     let needs = MemoryNeeds {
         dense_bytes: family.dense_bytes,
         kv_bytes: kv,
+        transient_bytes: 0,
     };
     let (source, plan, tap) =
         factory.build(family.map, family.codec, family.predictor, family.top_k, needs)?;

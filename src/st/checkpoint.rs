@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use colibri_actors::{FileId, Piece};
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 use safetensors::Dtype;
 
 use super::decode::{decode_f32, matrix_from_bytes, name_tensor};
@@ -310,7 +310,39 @@ impl Checkpoint {
                 found: meta.shape.clone(),
             });
         }
-        decode_f32(meta.dtype, self.meta_bytes(name, meta)?).map_err(|e| name_tensor(e, name).in_file(path))
+        let out = decode_f32(meta.dtype, self.meta_bytes(name, meta)?)
+            .map_err(|e| name_tensor(e, name).in_file(path))?;
+        self.release(meta);
+        Ok(out)
+    }
+
+    /// Drops this process's page-table entries for the whole pages of a
+    /// tensor that was just copied out of the mapping. Loading copies every
+    /// dense tensor; the mapped pages it touched would otherwise stay in the
+    /// process's RSS beside the copies until the kernel reclaimed them, so a
+    /// load's peak RSS was about twice the dense weights. The page cache
+    /// keeps the data; a later read of the range faults it back in.
+    fn release(&self, meta: &TensorMeta) {
+        const PAGE: usize = 4096;
+        let (Some(map), Ok(start), Ok(len)) = (
+            self.maps.get(meta.file as usize),
+            usize::try_from(meta.offset),
+            usize::try_from(meta.len),
+        ) else {
+            return;
+        };
+        let lo = start.next_multiple_of(PAGE);
+        let hi = (start.saturating_add(len) / PAGE * PAGE).min(map.len() / PAGE * PAGE);
+        if hi > lo {
+            // SAFETY: the map is a read-only shared file mapping: dropping
+            // its PTEs loses no data (any later access faults the file's
+            // pages back in), so slices other code still borrows from it
+            // stay valid and read the same bytes.
+            let r = unsafe { map.unchecked_advise_range(UncheckedAdvice::DontNeed, lo, hi - lo) };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "madvise(DONTNEED) after a tensor copy failed");
+            }
+        }
     }
 
     /// The tensor `name` and its `.qs` scales if it is stored quantized.
@@ -377,6 +409,10 @@ impl Checkpoint {
             }
             None => None,
         };
+        self.release(w);
+        if let Some(s) = &parts.scales {
+            self.release(s);
+        }
         matrix_from_bytes(name, w.dtype, rows, cols, bytes, scales, want).map_err(|e| e.in_file(path))
     }
 }

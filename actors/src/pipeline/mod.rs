@@ -39,6 +39,22 @@ const INBOX_CAP: usize = 1024;
 /// residuals rather than slowing compute.
 const PILOT_CAP: usize = 64;
 
+/// Idle read buffers the pool keeps for reuse: enough for every worker's
+/// read in flight plus the evictions between two of them.
+pub fn idle_buffer_slots(io_workers: usize) -> usize {
+    2 * io_workers.max(1) + 8
+}
+
+/// Expert buffers a streamed pipeline may hold beyond its cache's byte
+/// budget: the pool's idle ones, one read in flight per worker, and the
+/// experts compute still holds after the cache evicted them (at most a
+/// layer's routed `top_k`). A memory plan reserves this many of the
+/// largest expert outside the cache, so peak RSS stays within it even
+/// when one expert is tens of MB (GLM-5's are 21 MB).
+pub fn transient_expert_buffers(io_workers: usize, top_k: usize) -> usize {
+    idle_buffer_slots(io_workers) + io_workers.max(1) + top_k
+}
+
 /// The streaming expert source; see the module docs.
 pub struct PipelineSource<T> {
     config: PipelineConfig,
@@ -91,9 +107,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         let counters = Arc::new(Counters::new(map.layers));
         let storage_kind = storage.kind();
         let experts = map.layers * map.experts_per_layer;
-        // Idle buffers kept for reuse: enough for every worker's read in
-        // flight plus the evictions between two of them.
-        let buffers = BufPool::new(2 * config.io_workers.max(1) + 8);
+        let buffers = BufPool::new(idle_buffer_slots(config.io_workers));
         let pool = IoPool::spawn(
             &IoPoolConfig {
                 workers: config.io_workers.max(1),
