@@ -144,7 +144,7 @@ impl SourceFactory<'_> {
         codec: ExpertCodec,
         predictor: Option<Arc<dyn Predictor>>,
         top_k: usize,
-        needs: MemoryNeeds,
+        mut needs: MemoryNeeds,
     ) -> Result<Built, EngineError> {
         let o = self.opts;
         let disk_sim = match &o.disk_sim {
@@ -155,7 +155,7 @@ impl SourceFactory<'_> {
             None => None,
         };
         let mut source = String::from("--ram-gb");
-        let ram_budget_bytes = match o.ram_gb {
+        let mut ram_budget_bytes = match o.ram_gb {
             Some(g) if !(g.is_finite() && g > 0.0) => {
                 return Err(EngineError::Option(format!(
                     "--ram-gb must be a positive number, got {g}"
@@ -186,8 +186,6 @@ impl SourceFactory<'_> {
             },
         };
         let placement = self.placement(&map, ram_budget_bytes);
-        let mut needs = needs;
-        let mut ram_budget_bytes = ram_budget_bytes;
         if placement == Placement::Streamed
             && let Some(budget) = ram_budget_bytes
         {

@@ -224,7 +224,7 @@ impl<T: Send + Sync + 'static> Coordinator<T> {
             self.recall.routed(tag, &routed);
             self.publish_recall();
         }
-        if mode == FetchMode::Full {
+        if mode == FetchMode::Full && self.prefetch {
             self.drop_mispredicted(tag, &items);
         }
         let mut remaining = 0;
