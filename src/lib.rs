@@ -6,6 +6,7 @@
 //! checkpoints, quantized formats and kernels, the math of each family,
 //! tokenizers, sampling and the command-line front ends.
 
+pub mod catalog;
 pub mod chat_template;
 pub mod cli;
 pub mod config;

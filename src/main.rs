@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use colibri::cli::{Cli, Command, bench, chat, convert, doctor, plan, run, serve, synth, validate};
+use colibri::cli::{Cli, Command, bench, chat, convert, doctor, models, plan, run, serve, synth, validate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,6 +23,8 @@ fn main() -> ExitCode {
         // own their threads (the compute pool is the compute actor's).
         Command::Serve(a) => serve::run(a).map(|_| true),
         Command::Chat(a) => chat::run(a).map(|_| true),
+        Command::List(a) => models::list(a).map(|_| true),
+        Command::Rm(a) => models::rm(a).map(|_| true),
         // The command itself runs on one of the compute threads, so the
         // thread that drives a forward pass also takes its share of every
         // matmul instead of sleeping while the others work.
@@ -42,6 +44,8 @@ fn main() -> ExitCode {
                 Command::Plan(a) => plan::run(a).map(|_| true),
                 Command::Serve(a) => serve::run(a).map(|_| true),
                 Command::Chat(a) => chat::run(a).map(|_| true),
+                Command::List(a) => models::list(a).map(|_| true),
+                Command::Rm(a) => models::rm(a).map(|_| true),
             }),
             Err(e) => Err(anyhow::anyhow!("cannot start the compute threads: {e}")),
         },

@@ -8,6 +8,8 @@ mod bench_streams;
 pub mod chat;
 pub mod convert;
 pub mod doctor;
+pub mod fit;
+pub mod models;
 pub mod plan;
 pub mod run;
 pub mod serve;
@@ -52,6 +54,11 @@ pub enum Command {
     /// What a model will do here before it runs: residency, cache, placement,
     /// the expected decode speed range.
     Plan(plan::PlanArgs),
+    /// The models in the models directory ($COLI_MODELS): name, family,
+    /// formats, size on disk, whether each fits this machine.
+    List(models::ListArgs),
+    /// Delete models from the models directory by name.
+    Rm(models::RmArgs),
 }
 
 impl Command {
@@ -63,7 +70,12 @@ impl Command {
             Command::Serve(a) => Some(&a.engine),
             Command::Chat(a) => Some(&a.engine),
             Command::Bench(a) => Some(&a.engine),
-            Command::Convert(_) | Command::Synth(_) | Command::Doctor(_) | Command::Plan(_) => None,
+            Command::Convert(_)
+            | Command::Synth(_)
+            | Command::Doctor(_)
+            | Command::Plan(_)
+            | Command::List(_)
+            | Command::Rm(_) => None,
         }
     }
 }
@@ -95,33 +107,22 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
 /// Where the model is: `--model`, else `$COLI_MODEL`, else the bundled model.
 #[derive(Debug, Args, Clone)]
 pub struct ModelArg {
-    /// Model directory (HF checkpoint or colibri container).
-    #[arg(long, env = "COLI_MODEL")]
+    /// Model: a directory (HF checkpoint or colibri container), or the name
+    /// of one in the models directory (`coli list`).
+    #[arg(long, env = "COLI_MODEL", value_name = "DIR|NAME")]
     pub model: Option<PathBuf>,
 }
 
 impl ModelArg {
+    /// The model's directory: a path as given, a name looked up in the
+    /// models directory, the bundled model when nothing is given.
     pub fn resolve(&self) -> anyhow::Result<PathBuf> {
-        if let Some(m) = &self.model {
-            return Ok(m.clone());
-        }
-        let bundled = bundled_model_dir();
-        if bundled.join("config.json").is_file() {
-            Ok(bundled)
-        } else {
-            Err(usage(format!(
-                "no model given: pass --model DIR or set COLI_MODEL (no bundled model at {})",
-                bundled.display()
-            )))
-        }
+        let given = self
+            .model
+            .as_deref()
+            .unwrap_or(Path::new(crate::catalog::bundled::NAME));
+        Ok(crate::catalog::resolve(given)?)
     }
-}
-
-/// The small trained model shipped in the repository.
-pub fn bundled_model_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join("colibri-tiny")
 }
 
 /// Options every engine command accepts.

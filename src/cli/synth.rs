@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::convert::parse_format;
+use crate::convert::{parse_dense_format, parse_format};
 use crate::synth::{SynthSpec, synth};
 
 #[derive(Debug, Args)]
@@ -64,7 +64,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     if let Some(f) = &args.expert_format {
         spec.expert_format = parse_format(f)?;
     }
-    spec.dense_format = parse_format(&args.dense)?;
+    spec.dense_format = parse_dense_format(&args.dense)?;
     spec.seed = args.seed;
     let progress = std::io::stderr().is_terminal();
     let t0 = std::time::Instant::now();

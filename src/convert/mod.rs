@@ -42,8 +42,10 @@ pub enum ConvertError {
         #[source]
         source: std::io::Error,
     },
-    #[error("unknown format {0:?} (use f32, int8, int4, int4-g64 or int2)")]
+    #[error("unknown format {0:?} (use f32, int8, int4, int4-gN with N in 16..=256, or int2)")]
     Format(String),
+    #[error("{0:?} is not a dense format (use f32, int8 or int4)")]
+    DenseFormat(String),
     #[error("{0} already exists; refusing to overwrite it")]
     OutputExists(PathBuf),
     #[error("{path}: tensor {tensor:?}: {reason}")]
@@ -94,6 +96,19 @@ pub fn parse_format(s: &str) -> Result<QFormat, ConvertError> {
                 Err(bad())
             }
         }
+    }
+}
+
+/// Parses a `--dense` value: f32, int8 or int4 (per row). The other
+/// formats are for routed experts only: int2 dense matrices lose the model
+/// (a container that validates nowhere), and the grouped layouts are not
+/// what the dense kernels are tuned for.
+pub fn parse_dense_format(s: &str) -> Result<QFormat, ConvertError> {
+    match s {
+        "f32" => Ok(QFormat::F32),
+        "int8" => Ok(QFormat::Int8),
+        "int4" => Ok(QFormat::Int4),
+        _ => Err(ConvertError::DenseFormat(s.to_string())),
     }
 }
 
