@@ -84,10 +84,10 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
         report.experts_format,
         report.dense_format
     );
-    if output.parent() == catalog::ModelsDir::from_env().ok().as_ref().map(|m| m.root()) {
-        if let Some(name) = output.file_name() {
-            eprintln!("run it with --model {}", name.to_string_lossy());
-        }
+    if output.parent() == catalog::ModelsDir::from_env().ok().as_ref().map(|m| m.root())
+        && let Some(name) = output.file_name()
+    {
+        eprintln!("run it with --model {}", name.to_string_lossy());
     }
     Ok(())
 }
