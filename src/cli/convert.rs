@@ -1,12 +1,12 @@
 //! `coli convert`: HF checkpoint (OLMoE, GLM-5, DeepSeek-V3; F32, BF16 or
 //! FP8 e4m3 with block scales) → streaming container.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use crate::convert::{convert, parse_format};
+use crate::progress::ProgressPrinter;
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
@@ -29,8 +29,8 @@ pub struct ConvertArgs {
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let experts = parse_format(&args.experts)?;
     let dense = parse_format(&args.dense)?;
-    let progress = std::io::stderr().is_terminal();
-    let report = convert(&args.input, &args.output, experts, dense, progress)?;
+    let progress = ProgressPrinter::stderr(0);
+    let report = convert(&args.input, &args.output, experts, dense, Some(&progress))?;
     eprintln!(
         "wrote {} ({} tensors, {} experts, {:.1} MB; experts {}, dense {})",
         report.output.display(),
