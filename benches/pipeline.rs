@@ -82,7 +82,7 @@ fn pipeline(c: &mut Criterion) {
         seed: 3,
         ..SynthSpec::small()
     };
-    synth(&spec, &dir, false).expect("generate the synthetic model");
+    synth(&spec, &dir, None).expect("generate the synthetic model");
     let prompt = synthetic_prompt(spec.vocab, 8, 0);
     let modes = modes(&spec);
 

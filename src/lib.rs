@@ -16,6 +16,7 @@ pub mod fuzz;
 pub mod http;
 pub mod kernels;
 pub mod model;
+pub mod progress;
 pub mod quant;
 pub mod runtime;
 pub mod sampling;

@@ -131,7 +131,7 @@ fn glm4_and_gpt_oss_batched_step_equals_each_sequence_alone() {
         &oss,
         colibri::quant::QFormat::F32,
         colibri::quant::QFormat::F32,
-        false,
+        None,
     )
     .unwrap();
     for dir in [model_dir("fixtures/glm4-moe-tiny"), oss] {

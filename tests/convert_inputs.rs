@@ -164,7 +164,7 @@ fn make_bf16(name: &str, bf16_dir: &Path, twin_dir: &Path) {
 }
 
 fn converted(input: &Path, out: &Path, experts: QFormat, dense: QFormat) -> PathBuf {
-    convert(input, out, experts, dense, false).unwrap_or_else(|e| panic!("{}: {e}", input.display()));
+    convert(input, out, experts, dense, None).unwrap_or_else(|e| panic!("{}: {e}", input.display()));
     out.to_path_buf()
 }
 

@@ -218,7 +218,7 @@ fn every_format_round_trips() {
     ] {
         let (experts, dense) = (parse_format(ex).unwrap(), parse_format(de).unwrap());
         let out = tmp.path().join(format!("out-{ex}-{de}"));
-        let rep = convert(&input, &out, experts, dense, false).unwrap();
+        let rep = convert(&input, &out, experts, dense, None).unwrap();
         assert_eq!(rep.experts, LAYERS * EXPERTS);
         check_container(&out, &src, experts, dense);
     }
@@ -232,8 +232,8 @@ fn fused_experts_give_the_same_container() {
     write_checkpoint(&a, &src);
     write_fused(&b, &src);
     let fmt = QFormat::Int4Grouped { group: 64 };
-    convert(&a, &tmp.path().join("oa"), fmt, QFormat::Int8, false).unwrap();
-    convert(&b, &tmp.path().join("ob"), fmt, QFormat::Int8, false).unwrap();
+    convert(&a, &tmp.path().join("oa"), fmt, QFormat::Int8, None).unwrap();
+    convert(&b, &tmp.path().join("ob"), fmt, QFormat::Int8, None).unwrap();
     let fa = std::fs::read(tmp.path().join("oa/model.safetensors")).unwrap();
     let fb = std::fs::read(tmp.path().join("ob/model.safetensors")).unwrap();
     assert!(fa == fb, "fused and per-expert inputs must convert identically");
@@ -268,7 +268,7 @@ fn bf16_input_is_widened() {
         .collect();
     write_st(&input.join("model.safetensors"), &tensors);
     let out = tmp.path().join("out");
-    convert(&input, &out, QFormat::Int8, QFormat::F32, false).unwrap();
+    convert(&input, &out, QFormat::Int8, QFormat::F32, None).unwrap();
     check_container(&out, &rounded, QFormat::Int8, QFormat::F32);
 }
 
@@ -292,7 +292,7 @@ fn failed_convert_leaves_nothing_loadable() {
     let input = tmp.path().join("in");
     write_checkpoint(&input, &src);
     let out = tmp.path().join("out");
-    let e = convert(&input, &out, QFormat::Int8, QFormat::F32, false).unwrap_err();
+    let e = convert(&input, &out, QFormat::Int8, QFormat::F32, None).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("down_proj") && msg.contains("NaN"), "{msg}");
     assert!(!out.exists());
@@ -312,7 +312,7 @@ fn stale_temporary_output_is_not_loadable_and_does_not_block() {
     std::fs::write(stale.join("model.safetensors"), [8, 0, 0, 0, 0, 0, 0, 0, b'{']).unwrap();
     assert!(Checkpoint::open(&out).is_err());
     assert!(Checkpoint::open(&stale).is_err());
-    convert(&input, &out, QFormat::Int8, QFormat::F32, false).unwrap();
+    convert(&input, &out, QFormat::Int8, QFormat::F32, None).unwrap();
     Checkpoint::open(&out).unwrap();
 }
 
@@ -324,7 +324,7 @@ fn refuses_existing_output_and_bad_formats() {
     let out = tmp.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("keep.txt"), "mine").unwrap();
-    let e = convert(&input, &out, QFormat::Int8, QFormat::F32, false).unwrap_err();
+    let e = convert(&input, &out, QFormat::Int8, QFormat::F32, None).unwrap_err();
     assert!(matches!(e, ConvertError::OutputExists(_)), "{e}");
     assert_eq!(std::fs::read_to_string(out.join("keep.txt")).unwrap(), "mine");
     for bad in ["int3", "int4-g8", "int4-gx", "F32", ""] {
@@ -345,15 +345,9 @@ fn missing_expert_is_named() {
         .collect();
     let input = tmp.path().join("in");
     write_checkpoint(&input, &src);
-    let e = convert(
-        &input,
-        &tmp.path().join("out"),
-        QFormat::Int8,
-        QFormat::F32,
-        false,
-    )
-    .unwrap_err()
-    .to_string();
+    let e = convert(&input, &tmp.path().join("out"), QFormat::Int8, QFormat::F32, None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("model.layers.1.mlp.experts.2.up_proj.weight"), "{e}");
 }
 
@@ -384,7 +378,7 @@ fn repository_fixtures_convert() {
             let name = input.file_name().unwrap().to_string_lossy().into_owned();
             let out = tmp.path().join(format!("{name}-{fmt}"));
             let f = parse_format(fmt).unwrap();
-            convert(&input, &out, f, QFormat::F32, false).unwrap();
+            convert(&input, &out, f, QFormat::F32, None).unwrap();
             let ck = Checkpoint::open(&out).unwrap();
             for l in 0..cfg.num_hidden_layers {
                 for e in 0..cfg.num_experts {

@@ -294,6 +294,20 @@ fn plan_predicts_a_consistent_range_and_refuses_bad_budgets() {
     assert_eq!(p["placement"], "mapped", "the bundled model fits anywhere: {p}");
     assert_eq!(f("expected_hit_rate"), 1.0);
     assert!(f("bytes_per_token") > 0.0 && f("expert_bytes") > 0.0);
+    // The KV cache is planned for the model's own context (the bundled
+    // model's config says 1024), as `coli serve` sizes it, and says so.
+    assert_eq!(p["ctx"], 1024, "{p}");
+    let why = p["ctx_source"].as_str().unwrap_or_default();
+    assert!(why.contains("the model's own context"), "{p}");
+    let text = run(&["plan", "--probe-mb", "1", "--probe-experts", "4"], &[]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("1 slot(s) x 1024 positions"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("context      1024 positions per slot: the model's own context")),
+        "{text}"
+    );
 
     // A budget smaller than the experts streams them, with a lower hit rate.
     let small = run(
@@ -314,6 +328,17 @@ fn plan_predicts_a_consistent_range_and_refuses_bad_budgets() {
     assert!(small.status.success(), "{}", stderr(&small));
     let s: serde_json::Value = serde_json::from_slice(&small.stdout).expect("json");
     assert_eq!(s["placement"], "streamed", "{s}");
+    assert_eq!(
+        (s["ctx"].as_u64(), s["ctx_source"].as_str()),
+        (Some(64), Some("--ctx")),
+        "{s}"
+    );
+    let kv = |v: &serde_json::Value| {
+        v["kv_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("kv_bytes in {v}"))
+    };
+    assert_eq!(kv(&s) * 1024, kv(&p) * 64, "{s} {p}");
     assert!(s["expected_hit_rate"].as_f64().unwrap_or(1.0) < 1.0, "{s}");
 
     let bad = run(&["plan", "--ram-gb", "-1"], &[]);

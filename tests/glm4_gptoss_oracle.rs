@@ -56,7 +56,7 @@ fn int8_exact_path() -> EngineOptions {
 /// container with the given formats.
 fn converted(tmp: &Path, name: &str, experts: QFormat, dense: QFormat) -> PathBuf {
     let out = tmp.join(format!("{name}-{experts}-{dense}"));
-    convert(&fixture(name), &out, experts, dense, false).unwrap();
+    convert(&fixture(name), &out, experts, dense, None).unwrap();
     out
 }
 
@@ -84,7 +84,7 @@ fn glm4_int8_container_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = fixture("glm4-moe-tiny");
     let out = tmp.path().join("glm4-int8");
-    convert(&dir, &out, QFormat::Int8, QFormat::Int8, false).unwrap();
+    convert(&dir, &out, QFormat::Int8, QFormat::Int8, None).unwrap();
     let ck = Checkpoint::open(&out).unwrap();
     assert!(ck.has("model.layers.1.mlp.experts.7.down_proj.weight.qs"));
     assert!(!ck.has("model.layers.0.mlp.experts.0.gate_proj.weight"));
@@ -218,7 +218,7 @@ fn hostile_gpt_oss_checkpoints_are_refused_by_name() {
             &tmp.path().join(format!("out{i}")),
             QFormat::Int8,
             QFormat::F32,
-            false,
+            None,
         )
         .expect_err(victim)
         .to_string();

@@ -64,7 +64,7 @@ fn containers_match_load_time_quantization() {
                 &out,
                 parse_format(experts).unwrap(),
                 parse_format(dense).unwrap(),
-                false,
+                None,
             )
             .unwrap();
             let want = generate(&src, &at_bits(eb, db), 16);
@@ -85,7 +85,7 @@ fn int4_containers_keep_the_mtp_layer_int8_and_still_draft() {
     // g64 one group (stored like per-row int4, which reads back the same).
     for fmt in ["int4-g64", "int4-g16", "int4"] {
         let out = tmp.path().join(fmt);
-        convert(&src, &out, parse_format(fmt).unwrap(), QFormat::Int4, false).unwrap();
+        convert(&src, &out, parse_format(fmt).unwrap(), QFormat::Int4, None).unwrap();
         let ck = Checkpoint::open(&out).unwrap();
         let groups = if fmt == "int4-g16" { 4 } else { 1 };
         // main sparse layer 1: int4, 2 values per byte
@@ -142,7 +142,7 @@ fn group_sizes_that_do_not_divide_the_columns_are_refused() {
         &tmp.path().join("c"),
         parse_format("int4-g48").unwrap(),
         QFormat::F32,
-        false,
+        None,
     )
     .unwrap_err();
     assert!(matches!(err, ConvertError::Input { .. }), "{err}");
@@ -249,7 +249,7 @@ fn fp8_checkpoints_convert_through_their_block_scales() {
     // f32: the container holds exactly the dequantized e4m3 values; the
     // `_scale_inv` tensors are consumed, not copied.
     let out = tmp.path().join("f32");
-    convert(&fp8_dir, &out, QFormat::F32, QFormat::F32, false).unwrap();
+    convert(&fp8_dir, &out, QFormat::F32, QFormat::F32, None).unwrap();
     let ck = Checkpoint::open(&out).unwrap();
     assert!(ck.names().all(|n| !n.ends_with("_scale_inv")));
     for name in &names {
@@ -263,7 +263,7 @@ fn fp8_checkpoints_convert_through_their_block_scales() {
     // int8 experts and dense: every weight within half a quantization step
     // (per-row scale / 2) of the e4m3 reference.
     let out8 = tmp.path().join("int8");
-    convert(&fp8_dir, &out8, QFormat::Int8, QFormat::Int8, false).unwrap();
+    convert(&fp8_dir, &out8, QFormat::Int8, QFormat::Int8, None).unwrap();
     let ck8 = Checkpoint::open(&out8).unwrap();
     let ref_ck = Checkpoint::open(&out).unwrap();
     for name in &names {
@@ -288,7 +288,7 @@ fn fp8_checkpoints_convert_through_their_block_scales() {
     // Converting the FP8 checkpoint is the same as converting its
     // dequantized F32 twin: byte-identical containers, identical tokens.
     let twin = tmp.path().join("twin-int8");
-    convert(&f32_dir, &twin, QFormat::Int8, QFormat::Int8, false).unwrap();
+    convert(&f32_dir, &twin, QFormat::Int8, QFormat::Int8, None).unwrap();
     assert!(
         std::fs::read(out8.join("model.safetensors")).unwrap()
             == std::fs::read(twin.join("model.safetensors")).unwrap()
@@ -328,11 +328,11 @@ fn fp8_inputs_without_scales_or_with_orphan_scales_are_refused() {
     let w = "model.layers.1.mlp.experts.2.up_proj.weight";
     let a = tmp.path().join("no-scales");
     drop_one(&format!("{w}_scale_inv"), &a);
-    let err = convert(&a, &tmp.path().join("o1"), QFormat::Int8, QFormat::F32, false).unwrap_err();
+    let err = convert(&a, &tmp.path().join("o1"), QFormat::Int8, QFormat::F32, None).unwrap_err();
     assert!(err.to_string().contains("block scales"), "{err}");
     assert!(err.to_string().contains(w), "{err}");
     let b = tmp.path().join("orphan");
     drop_one(w, &b);
-    let err = convert(&b, &tmp.path().join("o2"), QFormat::Int8, QFormat::F32, false).unwrap_err();
+    let err = convert(&b, &tmp.path().join("o2"), QFormat::Int8, QFormat::F32, None).unwrap_err();
     assert!(err.to_string().contains("without an F8_E4M3 tensor"), "{err}");
 }

@@ -90,7 +90,7 @@ fn deepseek_v3_int8_is_token_exact_against_the_int8_oracle() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("deepseek-int8");
-    convert(&dir, &out, QFormat::Int8, QFormat::Int8, false).unwrap();
+    convert(&dir, &out, QFormat::Int8, QFormat::Int8, None).unwrap();
     let ck = Checkpoint::open(&out).unwrap();
     assert!(ck.has("model.layers.0.self_attn.kv_b_proj.weight.qs"));
     assert!(ck.has("model.layers.1.mlp.shared_experts.down_proj.weight.qs"));

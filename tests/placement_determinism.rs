@@ -181,7 +181,7 @@ fn int8_converted_container_matches_load_time_quantization() {
         &out,
         colibri::quant::QFormat::Int8,
         colibri::quant::QFormat::Int8,
-        false,
+        None,
     )
     .unwrap();
     let at_bits = EngineOptions {

@@ -181,7 +181,7 @@ fn int8_container_round_trip() {
     for rel in FIXTURES {
         let dir = fixture(rel);
         let out = tmp.path().join(dir.file_name().unwrap());
-        convert(&dir, &out, QFormat::Int8, QFormat::Int8, false).unwrap();
+        convert(&dir, &out, QFormat::Int8, QFormat::Int8, None).unwrap();
         let ck = Checkpoint::open(&out).unwrap();
         if rel.contains("qwen3") {
             assert!(ck.has("model.layers.0.mlp.experts.5.down_proj.weight"));
@@ -395,7 +395,7 @@ fn bf16_input_converts_to_int4_experts_and_runs() {
         let out = tmp
             .path()
             .join(format!("{}-int4", src.file_name().unwrap().to_string_lossy()));
-        convert(&bf16, &out, QFormat::Int4, QFormat::F32, false).unwrap();
+        convert(&bf16, &out, QFormat::Int4, QFormat::F32, None).unwrap();
         let ck = Checkpoint::open(&out).unwrap();
         assert_eq!(ck.info("model.norm.weight").unwrap().dtype, Dtype::F32);
         assert_eq!(ck.info("model.embed_tokens.weight").unwrap().dtype, Dtype::F32);

@@ -67,7 +67,7 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     assert!(sparse <= 1);
 
     let dir = tmp.path().join("m");
-    let report = synth(&spec, &dir, false).unwrap();
+    let report = synth(&spec, &dir, None).unwrap();
     assert_eq!(report.experts, spec.sparse_layers() * spec.experts);
     assert!(report.bytes < 1_000_000, "a few hundred KB: {}", report.bytes);
 
@@ -160,7 +160,7 @@ fn synth_load_decode(preset: &str, model_type: &str) {
 
     // Same seed, same bytes; another seed, other weights.
     let again = tmp.path().join("again");
-    synth(&spec, &again, false).unwrap();
+    synth(&spec, &again, None).unwrap();
     assert!(
         bytes(&dir) == bytes(&again),
         "{preset}: two runs, identical files"
@@ -172,7 +172,7 @@ fn synth_load_decode(preset: &str, model_type: &str) {
             ..spec.clone()
         },
         &other,
-        false,
+        None,
     )
     .unwrap();
     assert_ne!(bytes(&dir).0, bytes(&other).0);
@@ -209,7 +209,7 @@ fn grouped_int4_experts_decode() {
             ..SynthSpec::preset(preset).unwrap()
         };
         let dir = tmp.path().join("m");
-        synth(&spec, &dir, false).unwrap();
+        synth(&spec, &dir, None).unwrap();
         let tokens = decode(&dir, &spec, &EngineOptions::default());
         assert_eq!(tokens.len(), 5, "{preset}");
     }
@@ -254,7 +254,7 @@ fn coli_synth_and_bench_on_the_new_presets() {
             seed: 3,
             ..SynthSpec::preset(preset).unwrap()
         };
-        synth(&spec, &lib, false).unwrap();
+        synth(&spec, &lib, None).unwrap();
         assert!(
             bytes(&dir) == bytes(&lib),
             "{preset}: the CLI writes the library's bytes"

@@ -35,7 +35,7 @@ fn glm_tiny_decodes_identically_mapped_and_streamed() {
     };
     assert_eq!(spec.expert_format, QFormat::Int4Grouped { group: 64 });
     let dir = tmp.path().join("m");
-    let report = synth(&spec, &dir, false).unwrap();
+    let report = synth(&spec, &dir, None).unwrap();
     assert_eq!(report.experts, spec.sparse_layers() * spec.experts);
 
     let ck = Checkpoint::open(&dir).unwrap();
@@ -90,7 +90,7 @@ fn glm_tiny_decodes_identically_mapped_and_streamed() {
 
     // Same seed, same bytes.
     let again = tmp.path().join("again");
-    synth(&spec, &again, false).unwrap();
+    synth(&spec, &again, None).unwrap();
     let bytes = |d: &std::path::Path| std::fs::read(d.join("model.safetensors")).unwrap();
     assert_eq!(bytes(&dir), bytes(&again));
 }

@@ -34,7 +34,7 @@ fn tiny_model_loads_and_decodes_deterministically() {
         ..SynthSpec::tiny()
     };
     let dir = tmp.path().join("m");
-    let report = synth(&spec, &dir, false).unwrap();
+    let report = synth(&spec, &dir, None).unwrap();
     assert_eq!(report.experts, spec.layers * spec.experts);
     assert!(dir.join("config.json").is_file());
     assert!(!tmp.path().join(format!("m.tmp-{}", std::process::id())).exists());
@@ -55,7 +55,7 @@ fn tiny_model_loads_and_decodes_deterministically() {
 
     // Same seed, same bytes; another seed, other weights.
     let again = tmp.path().join("again");
-    synth(&spec, &again, false).unwrap();
+    synth(&spec, &again, None).unwrap();
     let bytes = |d: &std::path::Path| std::fs::read(d.join("model.safetensors")).unwrap();
     assert_eq!(bytes(&dir), bytes(&again));
     let other = tmp.path().join("other");
@@ -65,13 +65,13 @@ fn tiny_model_loads_and_decodes_deterministically() {
             ..spec.clone()
         },
         &other,
-        false,
+        None,
     )
     .unwrap();
     assert_ne!(bytes(&dir), bytes(&other));
 
     // A non-empty output is refused.
-    assert!(synth(&spec, &dir, false).is_err());
+    assert!(synth(&spec, &dir, None).is_err());
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn f32_dense_and_fewer_layers() {
         ..SynthSpec::tiny()
     };
     let dir = tmp.path().join("m");
-    synth(&spec, &dir, false).unwrap();
+    synth(&spec, &dir, None).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
     assert!(!ck.has("model.embed_tokens.weight.qs"));
     assert!(!ck.has("model.layers.1.input_layernorm.weight"));
@@ -103,7 +103,7 @@ fn disk_probe_reads_the_expert_extents() {
     let tmp = tempfile::tempdir().unwrap();
     let spec = SynthSpec::tiny();
     let dir = tmp.path().join("m");
-    synth(&spec, &dir, false).unwrap();
+    synth(&spec, &dir, None).unwrap();
     let cfg = OlmoeConfig::load(&dir).unwrap();
     let ck = Checkpoint::open(&dir).unwrap();
     let (map, _) = expert_map(&cfg, &ck, LoadOptions::default()).unwrap();
@@ -129,7 +129,7 @@ fn replay_forces_tokens_and_accounts_bytes_and_pilot() {
     let tmp = tempfile::tempdir().unwrap();
     let spec = SynthSpec::tiny();
     let dir = tmp.path().join("m");
-    synth(&spec, &dir, false).unwrap();
+    synth(&spec, &dir, None).unwrap();
     // A small cache, so experts are read and evicted during the window.
     let opts = EngineOptions {
         cache_cap: Some(1),
@@ -181,7 +181,7 @@ fn coli_bench_replays_an_id_file() {
     let tmp = tempfile::tempdir().unwrap();
     let spec = SynthSpec::tiny();
     let dir = tmp.path().join("m");
-    synth(&spec, &dir, false).unwrap();
+    synth(&spec, &dir, None).unwrap();
     let ids: Vec<String> = synthetic_prompt(spec.vocab, 12, 5)
         .iter()
         .map(|t| t.to_string())

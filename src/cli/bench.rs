@@ -133,7 +133,8 @@ fn run_pass(
 ) -> anyhow::Result<Pass> {
     eprintln!("bench: pass {name:?} ...");
     let t0 = Instant::now();
-    let mut engine = Engine::load(dir, opts).with_context(|| format!("loading {}", dir.display()))?;
+    let mut engine = Engine::load_with_progress(dir, opts, crate::progress::load_progress())
+        .with_context(|| format!("loading {}", dir.display()))?;
     let load_secs = t0.elapsed().as_secs_f64();
     let (recorder, usage) = if with_usage {
         let (r, u) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;

@@ -142,7 +142,8 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
         // pass runs once unmeasured first, so each measured pass finds the
         // experts it routes to already touched (page cache, decoded slots).
         eprintln!("bench: round {round}/{rounds}: direct single stream ...");
-        let mut engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+        let mut engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
+            .with_context(|| format!("loading {}", dir.display()))?;
         step_dense = engine.model.step_dense_bytes() as f64;
         let mut session = engine.new_session();
         let mut sampler = Sampler::new(SamplingParams::default());
@@ -160,7 +161,8 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
         drop(engine);
 
         eprintln!("bench: round {round}/{rounds}: decode loop, 1 and {streams} streams ...");
-        let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+        let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
+            .with_context(|| format!("loading {}", dir.display()))?;
         placement = engine.memory.to_string();
         let max_ctx = engine.model.max_positions().min(args.prompt_len + n + 64);
         let cfg = LoopConfig {

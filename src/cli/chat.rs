@@ -162,7 +162,8 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let dir = args.model.resolve()?;
     let mut opts = args.engine.options();
     opts.max_ctx = Some(args.ctx.unwrap_or(super::serve::DEFAULT_CTX_CAP));
-    let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
+        .with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let loop_cfg = LoopConfig {

@@ -1,7 +1,6 @@
 //! `coli convert`: HF checkpoint (OLMoE, GLM-5, DeepSeek-V3; F32, BF16 or
 //! FP8 e4m3 with block scales) → streaming container.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -9,6 +8,7 @@ use clap::Args;
 
 use crate::catalog;
 use crate::convert::{convert, parse_dense_format, parse_format};
+use crate::progress::{Progress, ProgressPrinter};
 use crate::quant::QFormat;
 
 #[derive(Debug, Args)]
@@ -63,7 +63,8 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let input = catalog::resolve(&args.input)?;
     let output = catalog::output_path(&args.output)?;
     let occupied = std::fs::symlink_metadata(&output).is_ok_and(|m| !m.is_dir() || non_empty(&output));
-    let progress = std::io::stderr().is_terminal();
+    let printer = ProgressPrinter::stderr(0);
+    let progress: Option<&dyn Progress> = Some(&printer);
     let report = if occupied && args.force {
         replace(&input, &output, args.experts, args.dense, progress)?
     } else {
@@ -100,7 +101,7 @@ fn replace(
     output: &Path,
     experts: QFormat,
     dense: QFormat,
-    progress: bool,
+    progress: Option<&dyn Progress>,
 ) -> anyhow::Result<crate::convert::ConvertReport> {
     let same = match (input.canonicalize(), output.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,

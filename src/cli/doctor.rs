@@ -13,6 +13,7 @@ use colibri_actors::StorageOptions;
 use colibri_actors::cache::memory_headroom;
 
 use super::ModelArg;
+use crate::kernels::{Kernels, dispatch};
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
 use crate::synth::{ModelShape, read_bandwidth};
@@ -66,13 +67,26 @@ fn cpu(out: &mut Vec<String>) {
             have.join(" ")
         }
     ));
-    let k = crate::kernels::dispatch();
-    let forced = std::env::var("COLI_KERNELS").ok();
-    out.push(format!(
-        "kernels     {}{}",
-        k.name,
-        forced.map_or(String::new(), |f| format!(" (COLI_KERNELS={f})"))
+    let available: Vec<&str> = Kernels::available().iter().map(|k| k.name).collect();
+    out.push(kernels_line(
+        dispatch().name,
+        std::env::var("COLI_KERNELS").ok().as_deref(),
+        &available,
     ));
+}
+
+/// The kernels line: the set that runs and, when `COLI_KERNELS` asked for
+/// one, whether this CPU has it ([`dispatch`] falls back to the best set
+/// when it does not, so the name alone would read as the asked set's).
+fn kernels_line(running: &str, asked: Option<&str>, available: &[&str]) -> String {
+    match asked {
+        None => format!("kernels     {running}"),
+        Some(a) if a == running => format!("kernels     {running} (asked by COLI_KERNELS={a})"),
+        Some(a) => format!(
+            "kernels     {running} (COLI_KERNELS={a} asked, not available on this CPU, which has {}; running the best instead)",
+            available.join(", ")
+        ),
+    }
 }
 
 fn memory(out: &mut Vec<String>) {
@@ -90,7 +104,7 @@ fn memory(out: &mut Vec<String>) {
     }
     match memory_headroom() {
         Some(h) => out.push(format!(
-            "budget      {h}; the expert cache gets 90% of it less the KV cache and working set"
+            "budget      {h}; a run's expert cache gets 90% of what is left once the dense weights are loaded, less the KV cache and working set"
         )),
         None => out.push("budget      no readable memory limit: pass --ram-gb".into()),
     }
@@ -184,8 +198,9 @@ fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result
         gib(total.saturating_sub(expert_bytes))
     ));
     if let Some(h) = memory_headroom() {
-        // As `coli plan` counts it at its defaults (one slot, 4096 positions).
-        let ctx = shape.max_positions().min(4096) as u64;
+        // As `coli plan` counts it at its defaults (one slot, the context
+        // `coli serve` takes by default).
+        let ctx = shape.max_positions().min(super::serve::DEFAULT_CTX_CAP) as u64;
         let cache = super::plan::expert_cache_bytes(
             h.bytes / 10 * 9,
             total.saturating_sub(expert_bytes),
@@ -280,4 +295,27 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         println!("{l}");
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernels_line;
+
+    #[test]
+    fn the_kernels_line_says_whether_the_asked_set_runs() {
+        let have = ["scalar", "avx2", "avx512", "avx512+vnni"];
+        assert_eq!(
+            kernels_line("avx512+vnni", None, &have),
+            "kernels     avx512+vnni"
+        );
+        assert_eq!(
+            kernels_line("avx2", Some("avx2"), &have),
+            "kernels     avx2 (asked by COLI_KERNELS=avx2)"
+        );
+        assert_eq!(
+            kernels_line("avx512+vnni", Some("neon"), &have),
+            "kernels     avx512+vnni (COLI_KERNELS=neon asked, not available on this CPU, which has \
+             scalar, avx2, avx512, avx512+vnni; running the best instead)"
+        );
+    }
 }

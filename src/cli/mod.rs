@@ -137,7 +137,10 @@ pub struct EngineArgs {
     /// Experts kept resident per layer.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count)]
     pub cache_cap: Option<usize>,
-    /// Memory budget in GB for the expert cache (default: from MemAvailable).
+    /// Memory budget of the whole engine in GB (2^30 bytes): the dense
+    /// weights, KV cache and working set, and the expert cache gets the rest
+    /// (default: 90% of what is free once the dense weights are loaded, by
+    /// MemAvailable or the cgroup limit, whichever is smaller).
     #[arg(long, allow_negative_numbers = true)]
     pub ram_gb: Option<f64>,
     /// Pilot prefetcher (predicts the next layer's experts).

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::ModelArg;
+use super::serve::{DEFAULT_CTX_CAP, context_len};
 use crate::model::expert::ExpertWeights;
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
@@ -32,13 +33,15 @@ use crate::engine::WORKING_SET_BYTES;
 pub struct PlanArgs {
     #[command(flatten)]
     pub model: ModelArg,
-    /// Memory for the whole engine in GB (default: 90% of the headroom,
-    /// as the engine budgets it).
+    /// Memory budget of the whole engine in GB (2^30 bytes), as the
+    /// commands that run a model take `--ram-gb` (default: 90% of what is
+    /// free here, by MemAvailable or the cgroup limit, whichever is smaller).
     #[arg(long, allow_negative_numbers = true)]
     pub ram_gb: Option<f64>,
-    /// Context per conversation the KV cache is sized for.
-    #[arg(long, default_value_t = 4096)]
-    pub ctx: usize,
+    /// Context per conversation the KV cache is sized for (default: the
+    /// model's own, at most 8192, as `coli serve` and `coli chat` size it).
+    #[arg(long, allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub ctx: Option<usize>,
     /// Conversations held at once.
     #[arg(long, default_value_t = 1)]
     pub kv_slots: usize,
@@ -62,6 +65,9 @@ pub struct Plan {
     pub expert_bytes: u64,
     pub experts: usize,
     pub bytes_per_expert: f64,
+    /// Positions per conversation the KV cache is sized for, and why.
+    pub ctx: usize,
+    pub ctx_source: String,
     pub kv_bytes: u64,
     pub budget_bytes: u64,
     pub budget_source: String,
@@ -84,6 +90,23 @@ pub struct Plan {
 /// the working set are counted (the engine's arithmetic).
 pub fn expert_cache_bytes(budget: u64, dense: u64, kv: u64) -> u64 {
     budget.saturating_sub(dense + kv + WORKING_SET_BYTES)
+}
+
+/// The context the KV cache is planned for, and why: `--ctx` capped by the
+/// model, else what `coli serve` and `coli chat` take by default (the
+/// model's own positions, at most [`DEFAULT_CTX_CAP`]).
+pub fn planned_context(requested: Option<usize>, model_max: usize) -> anyhow::Result<(usize, String)> {
+    let ctx = context_len(requested, model_max)?;
+    let why = match requested {
+        Some(n) if n > model_max => format!("--ctx {n}, capped at the model's {model_max} positions"),
+        Some(_) => "--ctx".to_string(),
+        None if model_max > DEFAULT_CTX_CAP => format!(
+            "the model's {model_max} positions, capped at {DEFAULT_CTX_CAP} as `coli serve` and `coli chat` \
+             cap them by default (--ctx to plan for another)"
+        ),
+        None => "the model's own context, as `coli serve` and `coli chat` take it by default".to_string(),
+    };
+    Ok((ctx, why))
 }
 
 /// Bytes per second at which this machine multiplies decoded experts for
@@ -147,7 +170,7 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
         .filter_map(|n| ck.info(n).ok())
         .map(|m| m.len)
         .sum::<u64>();
-    let ctx = args.ctx.min(shape.max_positions()).max(1);
+    let (ctx, ctx_source) = planned_context(args.ctx, shape.max_positions())?;
     let kv_bytes = shape.kv_bytes_per_position() * ctx as u64 * args.kv_slots.max(1) as u64;
 
     let (budget_bytes, budget_source) = match args.ram_gb {
@@ -208,7 +231,7 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
     if args.ram_gb.is_some() {
         flags.push(format!("--ram-gb {}", args.ram_gb.unwrap_or_default()));
     }
-    if args.ctx != 4096 || args.kv_slots != 1 {
+    if args.ctx.is_some() || args.kv_slots != 1 {
         flags.push(format!("--ctx {ctx} --kv-slots {}", args.kv_slots));
     }
     if cache_bytes == 0 {
@@ -223,6 +246,8 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
         expert_bytes,
         experts,
         bytes_per_expert,
+        ctx,
+        ctx_source,
         kv_bytes,
         budget_bytes,
         budget_source,
@@ -256,9 +281,10 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         gib(p.dense_bytes),
         gib(p.kv_bytes),
         args.kv_slots.max(1),
-        args.ctx,
+        p.ctx,
         gib(WORKING_SET_BYTES)
     );
+    println!("context      {} positions per slot: {}", p.ctx, p.ctx_source);
     println!(
         "experts      {:.2} GiB in {} experts ({:.1} MB each)",
         gib(p.expert_bytes),
@@ -309,4 +335,30 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     );
     println!("flags        {}", p.flags.join(" "));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_planned_context_is_the_models_capped_as_serve_caps_it() {
+        let (ctx, why) = planned_context(None, 1024).unwrap();
+        assert_eq!(ctx, 1024);
+        assert!(why.contains("the model's own context"), "{why}");
+        let (ctx, why) = planned_context(None, 202_752).unwrap();
+        assert_eq!(ctx, DEFAULT_CTX_CAP);
+        assert!(
+            why.contains("202752") && why.contains(&DEFAULT_CTX_CAP.to_string()),
+            "{why}"
+        );
+        assert_eq!(
+            planned_context(Some(64), 1024).unwrap(),
+            (64, "--ctx".to_string())
+        );
+        let (ctx, why) = planned_context(Some(5000), 1024).unwrap();
+        assert_eq!(ctx, 1024);
+        assert!(why.contains("--ctx 5000") && why.contains("1024"), "{why}");
+        assert!(planned_context(Some(0), 1024).is_err());
+    }
 }

@@ -134,7 +134,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let dir = args.model.resolve()?;
     let mut engine =
-        Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
+        Engine::load_with_progress(&dir, &args.engine.options(), crate::progress::load_progress())
+            .with_context(|| format!("loading {}", dir.display()))?;
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let prompt = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => parse_ids(ids)?,

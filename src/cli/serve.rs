@@ -137,7 +137,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut opts = args.engine.options();
     opts.kv_slots = kv_slots;
     opts.max_ctx = Some(args.ctx.unwrap_or(DEFAULT_CTX_CAP));
-    let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
+        .with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
     let state_dir = state_dir(&args, engine.state_fingerprint())?;
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;

@@ -1,11 +1,11 @@
 //! `coli synth`: write a random model of a real shape (for benchmarks).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use crate::convert::{parse_dense_format, parse_format};
+use crate::progress::ProgressPrinter;
 use crate::synth::{SynthSpec, synth};
 
 #[derive(Debug, Args)]
@@ -42,6 +42,8 @@ pub struct SynthArgs {
     /// Dense matrices: int8 or f32 (norms and router always stay f32).
     #[arg(long, default_value = "int8")]
     pub dense: String,
+    /// Seed of the random weights: the same seed and shape write the same
+    /// model.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
@@ -66,9 +68,9 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     }
     spec.dense_format = parse_dense_format(&args.dense)?;
     spec.seed = args.seed;
-    let progress = std::io::stderr().is_terminal();
+    let progress = ProgressPrinter::stderr(0);
     let t0 = std::time::Instant::now();
-    let report = synth(&spec, &args.output, progress)?;
+    let report = synth(&spec, &args.output, Some(&progress))?;
     eprintln!(
         "wrote {} ({} layers x {} experts, top-{}, hidden {}, {:.1} MB; experts {}, dense {}) in {:.1}s",
         report.output.display(),

@@ -133,7 +133,8 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<bool> {
         })?;
     }
     let mut engine =
-        Engine::load(&dir, &args.engine.options()).with_context(|| format!("loading {}", dir.display()))?;
+        Engine::load_with_progress(&dir, &args.engine.options(), crate::progress::load_progress())
+            .with_context(|| format!("loading {}", dir.display()))?;
     let (ok, total) = if args.teacher_forcing {
         let (ok, total) = teacher_forcing(&mut engine, &r)?;
         println!("Teacher-forcing: {ok}/{total} positions");

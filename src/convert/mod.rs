@@ -14,13 +14,12 @@
 pub(crate) mod plan;
 mod writer;
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::{ConfigError, read_json};
 use crate::model::family::ModelConfig;
+use crate::progress::Progress;
 use crate::quant::{QFormat, QuantError, quantize_matrix};
 use crate::st::fp8::dequantize_fp8;
 use crate::st::{Checkpoint, Dtype, StError, decode_f32};
@@ -130,12 +129,15 @@ fn model_spec(input: &Path, experts: QFormat, dense: QFormat) -> Result<ModelSpe
 /// `experts` applies to routed experts and `dense` to the other matrices;
 /// norms, routers and biases stay F32. GLM / DeepSeek-V3 MTP layers never go
 /// below int8 (see [`crate::model::glm::mtp_format`]).
+///
+/// `progress` hears the container being written, in bytes (phase
+/// [`CONVERT_PHASE`]).
 pub fn convert(
     input: &Path,
     output: &Path,
     experts: QFormat,
     dense: QFormat,
-    progress: bool,
+    progress: Option<&dyn Progress>,
 ) -> Result<ConvertReport, ConvertError> {
     let model = model_spec(input, experts, dense)?;
     let ck = Checkpoint::open(input)?;
@@ -158,7 +160,7 @@ pub fn convert(
         experts,
         dense,
         progress,
-        label: "converting",
+        phase: CONVERT_PHASE,
         metadata: &model.metadata,
     };
     let bytes = write_container(&spec, &jobs, &CheckpointInput(&ck), &copy_side_files)?;
@@ -172,14 +174,18 @@ pub fn convert(
     })
 }
 
+/// The phase [`convert`] reports to its progress.
+pub const CONVERT_PHASE: &str = "converting";
+
 /// What a container is written as, beyond its jobs.
 pub(crate) struct ContainerSpec<'a> {
     pub output: &'a Path,
     pub experts: QFormat,
     pub dense: QFormat,
-    pub progress: bool,
-    /// Progress bar prefix.
-    pub label: &'static str,
+    /// Hears the bytes written.
+    pub progress: Option<&'a dyn Progress>,
+    /// What the progress is told the job is.
+    pub phase: &'static str,
     /// `__metadata__` entries beyond format/experts/dense (the family's
     /// choices, [`ModelSpec::metadata`]).
     pub metadata: &'a [(&'static str, String)],
@@ -409,7 +415,9 @@ fn write_all(
     meta.extend(spec.metadata.iter().cloned());
     let lay = writer::layout(jobs, &meta);
     let total = lay.header.len() as u64 + lay.data_len;
-    let bar = progress_bar(spec.progress, total, spec.label);
+    if let Some(p) = spec.progress {
+        p.start(spec.phase, total);
+    }
     let file = std::fs::File::create(&path).map_err(io(&path))?;
     let mut w = writer::Counting {
         inner: std::io::BufWriter::with_capacity(8 << 20, file),
@@ -434,14 +442,18 @@ fn write_all(
                 reason: format!("wrote {} bytes, layout expected {want}", w.written - before),
             });
         }
-        bar.set_position(w.written);
+        if let Some(p) = spec.progress {
+            p.advance(w.written);
+        }
     }
     let file = w.inner.into_inner().map_err(|e| ConvertError::Io {
         path: path.clone(),
         source: e.into_error(),
     })?;
     file.sync_all().map_err(io(&path))?;
-    bar.finish_and_clear();
+    if let Some(p) = spec.progress {
+        p.finish();
+    }
     Ok(total)
 }
 
@@ -513,18 +525,4 @@ fn write_job<W: Write>(input: &dyn JobInput, job: &Job, w: &mut W) -> Result<(),
         }
     }
     Ok(())
-}
-
-/// A byte-count progress bar on stderr, hidden unless asked for and stderr
-/// is a terminal.
-fn progress_bar(progress: bool, total: u64, label: &str) -> ProgressBar {
-    if !progress || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    let template = format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}");
-    if let Ok(style) = ProgressStyle::with_template(&template) {
-        bar.set_style(style);
-    }
-    bar
 }

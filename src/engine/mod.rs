@@ -27,7 +27,9 @@ use crate::model::expert::{ExpertCodec, ExpertWeights};
 use crate::model::family::ModelConfig;
 use crate::model::lm::LanguageModel;
 use crate::model::olmoe::LoadOptions;
+use crate::progress::Progress;
 use crate::quant::QFormat;
+use crate::st::Checkpoint;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use usage::{CountingSource, PinMode, UsageRecorder, UsageStart, UsageTap};
 
@@ -281,7 +283,11 @@ type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan, Arc<UsageTap>);
 /// loads its weights and expert map, the engine builds the expert source
 /// (with the family's predictor, the KV cache sized from its config), and
 /// the family finishes the model around it.
-fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> {
+fn load_family(
+    dir: &Path,
+    opts: &EngineOptions,
+    progress: Option<Arc<dyn Progress>>,
+) -> Result<Loaded, EngineError> {
     let config = ModelConfig::load(dir).map_err(ModelError::from)?;
     let load = LoadOptions {
         expert_format: QFormat::from_bits(opts.expert_bits)
@@ -291,7 +297,14 @@ fn load_family(dir: &Path, opts: &EngineOptions) -> Result<Loaded, EngineError> 
     };
     let factory = SourceFactory { opts };
     let kv = kv_bytes(config.kv_bytes_per_position(), config.max_positions(), opts);
-    let family = config.into_family().load(dir, load)?;
+    let mut ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+    if let Some(p) = &progress {
+        ck = ck.with_progress(p.clone());
+    }
+    let family = config.into_family().load(ck, load)?;
+    if let Some(p) = &progress {
+        p.finish();
+    }
     let needs = MemoryNeeds {
         dense_bytes: family.dense_bytes,
         kv_bytes: kv,
@@ -327,7 +340,18 @@ impl Engine {
     /// Loads `dir` with `opts`. A missing tokenizer is not an error here
     /// (validation runs on ids); text front ends ask for it explicitly.
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<Self, EngineError> {
-        let (model, stop_ids, memory, usage) = load_family(dir, opts)?;
+        Self::load_with_progress(dir, opts, None)
+    }
+
+    /// [`Engine::load`], telling `progress` how reading (and quantizing)
+    /// the dense weights goes: on a large model that is what a load spends
+    /// its time on (the routed experts are not read at load).
+    pub fn load_with_progress(
+        dir: &Path,
+        opts: &EngineOptions,
+        progress: Option<Arc<dyn Progress>>,
+    ) -> Result<Self, EngineError> {
+        let (model, stop_ids, memory, usage) = load_family(dir, opts, progress)?;
         let state_fingerprint = state::model_fingerprint(dir, opts, model.fingerprint())?;
         let tokenizer = match Tokenizer::load(dir) {
             Ok(t) => Some(t),

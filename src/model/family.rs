@@ -63,9 +63,10 @@ pub(crate) trait FamilyConfig: Send + Sync + std::fmt::Debug {
         opts: LoadOptions,
     ) -> Result<(ExpertMap, ExpertCodec), ModelError>;
 
-    /// Loads `dir`'s resident weights and expert map; the engine builds
-    /// the expert source from the result and then finishes the model.
-    fn load(self: Box<Self>, dir: &Path, opts: LoadOptions) -> Result<FamilyLoad, ModelError>;
+    /// Loads the resident weights and expert map of the model in `ck`; the
+    /// engine builds the expert source from the result and then finishes
+    /// the model. Calls [`start_dense_load`] before the first dense tensor.
+    fn load(self: Box<Self>, ck: Checkpoint, opts: LoadOptions) -> Result<FamilyLoad, ModelError>;
 
     /// `coli convert`'s plan inputs: which layers hold routed experts, their
     /// shapes and names, and every tensor's output format. `config` is
@@ -81,6 +82,19 @@ pub(crate) trait FamilyConfig: Send + Sync + std::fmt::Debug {
     /// config fuzzer on every accepted mutant: `Err` names the broken
     /// assumption.
     fn invariants(&self) -> Result<(), String>;
+}
+
+/// What a load reports as its phase ([`crate::progress::Progress::start`]).
+pub const DENSE_LOAD_PHASE: &str = "loading dense weights";
+
+/// Starts `ck`'s load progress, once the loader knows its expert map: the
+/// loader copies every tensor but the routed experts, which stay in the
+/// files (tensors a family does not read make the total an overestimate).
+pub(crate) fn start_dense_load(ck: &Checkpoint, map: &ExpertMap) {
+    ck.start_progress(
+        DENSE_LOAD_PHASE,
+        colibri_actors::MappedSource::<()>::expert_bytes(map),
+    );
 }
 
 /// The expert source a model reads its routed experts through.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use colibri_actors::{FileId, Piece};
 use memmap2::{Mmap, UncheckedAdvice};
@@ -12,6 +13,7 @@ use safetensors::Dtype;
 use super::decode::{decode_f32, matrix_from_bytes, name_tensor};
 use super::header::parse_header;
 use super::{PAD_PREFIX, SCALE_SUFFIX, StError};
+use crate::progress::Progress;
 use crate::quant::{ByteStore, QFormat, QMatrix};
 
 /// Where one tensor lives and what it holds.
@@ -62,6 +64,9 @@ pub struct Checkpoint {
     maps: Vec<Arc<Mmap>>,
     tensors: BTreeMap<String, TensorMeta>,
     metadata: BTreeMap<String, String>,
+    /// Told the bytes copied out so far ([`Checkpoint::with_progress`]).
+    progress: Option<Arc<dyn Progress>>,
+    copied: AtomicU64,
 }
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -227,7 +232,40 @@ impl Checkpoint {
             maps,
             tensors,
             metadata,
+            progress: None,
+            copied: AtomicU64::new(0),
         })
+    }
+
+    /// Reports every tensor copied out of the files ([`Self::f32_tensor`],
+    /// [`Self::matrix`]: what loading the dense weights does, and what takes
+    /// long on a large model) to `progress`, once [`Self::start_progress`]
+    /// named the phase.
+    pub fn with_progress(mut self, progress: Arc<dyn Progress>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Starts the phase `phase` of the progress given to
+    /// [`Self::with_progress`] (if any), expecting every tensor to be
+    /// copied except the `skipped` bytes (the routed experts, which stay in
+    /// the files).
+    pub fn start_progress(&self, phase: &str, skipped: u64) {
+        if let Some(p) = &self.progress {
+            p.start(phase, self.total_bytes().saturating_sub(skipped));
+        }
+    }
+
+    /// Bytes of every tensor (padding excluded).
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.values().map(|m| m.len).sum()
+    }
+
+    fn note_copied(&self, meta: &TensorMeta) {
+        if let Some(p) = &self.progress {
+            let done = self.copied.fetch_add(meta.len, Ordering::Relaxed) + meta.len;
+            p.advance(done);
+        }
     }
 
     /// The directory the checkpoint was opened from.
@@ -313,6 +351,7 @@ impl Checkpoint {
         let out = decode_f32(meta.dtype, self.meta_bytes(name, meta)?)
             .map_err(|e| name_tensor(e, name).in_file(path))?;
         self.release(meta);
+        self.note_copied(meta);
         Ok(out)
     }
 
@@ -413,7 +452,14 @@ impl Checkpoint {
         if let Some(s) = &parts.scales {
             self.release(s);
         }
-        matrix_from_bytes(name, w.dtype, rows, cols, bytes, scales, want).map_err(|e| e.in_file(path))
+        let m =
+            matrix_from_bytes(name, w.dtype, rows, cols, bytes, scales, want).map_err(|e| e.in_file(path))?;
+        // Counted once quantized: that, not the copy, is the slow part.
+        self.note_copied(w);
+        if let Some(s) = &parts.scales {
+            self.note_copied(s);
+        }
+        Ok(m)
     }
 }
 

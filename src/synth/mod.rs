@@ -29,6 +29,7 @@ use std::path::Path;
 
 use crate::convert::{ContainerSpec, ConvertError, ConvertReport, Job, JobData, JobInput};
 use crate::model::family::ModelConfig;
+use crate::progress::Progress;
 
 /// Why a synthetic model could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -62,9 +63,18 @@ impl JobInput for Generator<'_> {
     }
 }
 
+/// The phase [`synth`] reports to its progress.
+pub const SYNTH_PHASE: &str = "generating";
+
 /// Writes the model described by `spec` as a container directory at
 /// `output` (which must not exist, or be empty), with its config.json.
-pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertReport, SynthError> {
+/// `progress` hears the container being written, in bytes (phase
+/// [`SYNTH_PHASE`]).
+pub fn synth(
+    spec: &SynthSpec,
+    output: &Path,
+    progress: Option<&dyn Progress>,
+) -> Result<ConvertReport, SynthError> {
     spec.validate()?;
     let config = spec.config_json();
     let cfg_path = output.join("config.json");
@@ -89,7 +99,7 @@ pub fn synth(spec: &SynthSpec, output: &Path, progress: bool) -> Result<ConvertR
         experts: spec.expert_format,
         dense: spec.dense_format,
         progress,
-        label: "generating",
+        phase: SYNTH_PHASE,
         metadata: &model.metadata,
     };
     let generator = Generator { spec, origin: output };

@@ -14,7 +14,7 @@ use crate::config::ConfigError;
 use crate::convert::{ConvertError, ModelSpec};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
-use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts};
+use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
 use crate::model::olmoe::LoadOptions;
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
@@ -86,13 +86,13 @@ impl FamilyConfig for GlmConfig {
         expert_map(self, ck, opts, false)
     }
 
-    fn load(self: Box<Self>, dir: &Path, opts: LoadOptions) -> Result<FamilyLoad, ModelError> {
+    fn load(self: Box<Self>, ck: Checkpoint, opts: LoadOptions) -> Result<FamilyLoad, ModelError> {
         let cfg = *self;
-        let ck = Checkpoint::open(dir)?;
         let mtp = mtp_available(&cfg, &ck);
         let with_mtp = mtp.is_ok();
-        let dense = Arc::new(load_dense(&cfg, &ck, opts, with_mtp)?);
         let (map, codec) = expert_map(&cfg, &ck, opts, with_mtp)?;
+        start_dense_load(&ck, &map);
+        let dense = Arc::new(load_dense(&cfg, &ck, opts, with_mtp)?);
         drop(ck);
         let predictor: Arc<dyn Predictor> = Arc::new(GlmPredictor {
             cfg: cfg.clone(),

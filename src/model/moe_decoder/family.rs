@@ -18,7 +18,7 @@ use crate::convert::plan::{FusedLayout, keeps_f32};
 use crate::convert::{ConvertError, ModelSpec};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
-use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts};
+use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
 use crate::model::olmoe::LoadOptions;
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
@@ -93,11 +93,11 @@ impl FamilyConfig for MoeDecoderConfig {
         expert_map(self, ck, opts)
     }
 
-    fn load(self: Box<Self>, dir: &Path, opts: LoadOptions) -> Result<FamilyLoad, ModelError> {
+    fn load(self: Box<Self>, ck: Checkpoint, opts: LoadOptions) -> Result<FamilyLoad, ModelError> {
         let cfg = *self;
-        let ck = Checkpoint::open(dir)?;
-        let dense = Arc::new(load_dense(&cfg, &ck, opts)?);
         let (map, codec) = expert_map(&cfg, &ck, opts)?;
+        start_dense_load(&ck, &map);
+        let dense = Arc::new(load_dense(&cfg, &ck, opts)?);
         drop(ck);
         let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor::for_decoder(&cfg, dense.clone()));
         Ok(FamilyLoad {

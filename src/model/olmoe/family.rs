@@ -13,7 +13,7 @@ use crate::convert::plan::{FusedLayout, keeps_f32};
 use crate::convert::{ConvertError, ModelSpec};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertNaming};
-use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts};
+use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
 use crate::model::moe_decoder::RouterPredictor;
 use crate::model::routed::Router;
 use crate::quant::QFormat;
@@ -76,11 +76,11 @@ impl FamilyConfig for OlmoeConfig {
         expert_map(self, ck, opts)
     }
 
-    fn load(self: Box<Self>, dir: &Path, opts: LoadOptions) -> Result<FamilyLoad, ModelError> {
+    fn load(self: Box<Self>, ck: Checkpoint, opts: LoadOptions) -> Result<FamilyLoad, ModelError> {
         let cfg = *self;
-        let ck = Checkpoint::open(dir)?;
-        let dense = Arc::new(load_dense(&cfg, &ck, opts)?);
         let (map, codec) = expert_map(&cfg, &ck, opts)?;
+        start_dense_load(&ck, &map);
+        let dense = Arc::new(load_dense(&cfg, &ck, opts)?);
         drop(ck);
         let predictor: Arc<dyn Predictor> = Arc::new(RouterPredictor {
             hidden: cfg.hidden_size,
