@@ -200,18 +200,14 @@ fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result
     if let Some(h) = memory_headroom() {
         // As `coli plan` counts it at its defaults (one slot, the context
         // `coli serve` takes by default).
-        let ctx = shape.max_positions().min(super::serve::DEFAULT_CTX_CAP) as u64;
-        let cache = super::plan::expert_cache_bytes(
-            h.bytes / 10 * 9,
-            total.saturating_sub(expert_bytes),
-            shape.kv_bytes_per_position() * ctx,
-        );
-        let fits = expert_bytes <= cache;
+        let ctx = shape.max_positions().min(super::serve::DEFAULT_CTX_CAP);
+        let f = super::fit::fit(&ck, &shape, h.bytes / 10 * 9, ctx, 1)?;
+        let fits = f.placement == super::fit::Placement::Mapped;
         out.push(format!(
             "placement   {} (auto): the experts {} the {:.2} GiB expert cache left by 90% of the headroom",
             if fits { "mapped" } else { "streamed" },
             if fits { "fit in" } else { "do not fit in" },
-            gib(cache)
+            gib(f.cache_bytes)
         ));
     }
     if let Some(first) = ck.files().first() {

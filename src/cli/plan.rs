@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::ModelArg;
+use super::fit::{Placement, fit};
 use super::serve::{DEFAULT_CTX_CAP, context_len};
 use crate::model::expert::ExpertWeights;
 use crate::model::olmoe::LoadOptions;
@@ -84,12 +85,6 @@ pub struct Plan {
     pub tok_per_s_low: f64,
     pub tok_per_s_high: f64,
     pub flags: Vec<String>,
-}
-
-/// The expert cache a budget leaves once the dense weights, the KV cache and
-/// the working set are counted (the engine's arithmetic).
-pub fn expert_cache_bytes(budget: u64, dense: u64, kv: u64) -> u64 {
-    budget.saturating_sub(dense + kv + WORKING_SET_BYTES)
 }
 
 /// The context the KV cache is planned for, and why: `--ctx` capped by the
@@ -160,18 +155,7 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
     let ck = Checkpoint::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     let shape = ModelShape::load(dir).with_context(|| format!("reading {}", dir.display()))?;
     let (map, _) = shape.expert_map(&ck, LoadOptions::default())?;
-    let total: u64 = ck.names().filter_map(|n| ck.info(n).ok()).map(|m| m.len).sum();
-    let expert_bytes: u64 = map.extents.iter().map(|e| e.bytes()).sum();
-    let experts = map.extents.iter().filter(|e| e.bytes() > 0).count();
-    let bytes_per_expert = expert_bytes as f64 / experts.max(1) as f64;
-    let dense_bytes = total.saturating_sub(expert_bytes);
-    let embed = ["model.embed_tokens.weight", "model.embed_tokens.weight.qs"]
-        .iter()
-        .filter_map(|n| ck.info(n).ok())
-        .map(|m| m.len)
-        .sum::<u64>();
     let (ctx, ctx_source) = planned_context(args.ctx, shape.max_positions())?;
-    let kv_bytes = shape.kv_bytes_per_position() * ctx as u64 * args.kv_slots.max(1) as u64;
 
     let (budget_bytes, budget_source) = match args.ram_gb {
         Some(g) if !(g.is_finite() && g > 0.0) => {
@@ -185,20 +169,18 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
             None => anyhow::bail!("no readable memory limit here: pass --ram-gb"),
         },
     };
-    let mut cache_bytes = expert_cache_bytes(budget_bytes, dense_bytes, kv_bytes);
-    let mapped = expert_bytes <= cache_bytes;
-    if !mapped {
-        // The streamed pipeline's buffers in flight, as the engine reserves
-        // them (default I/O workers).
-        let workers = crate::engine::EngineOptions::default().io_workers;
-        let transient = crate::engine::streamed_transient_bytes(&map, workers, shape.num_experts_per_tok);
-        cache_bytes = cache_bytes.saturating_sub(transient);
-    }
-    let hit = if mapped {
-        1.0
-    } else {
-        (cache_bytes as f64 / expert_bytes.max(1) as f64).min(1.0)
-    };
+    let f = fit(&ck, &shape, budget_bytes, ctx, args.kv_slots)?;
+    let (dense_bytes, expert_bytes, experts, kv_bytes, cache_bytes) = (
+        f.dense_bytes,
+        f.expert_bytes,
+        f.experts,
+        f.kv_bytes,
+        f.cache_bytes,
+    );
+    let bytes_per_expert = expert_bytes as f64 / experts.max(1) as f64;
+    let embed = f.embed_bytes;
+    let mapped = f.placement == Placement::Mapped;
+    let hit = f.cached_share;
 
     let storage = StorageOptions::default();
     let disk = read_bandwidth(&map, &storage, args.probe_mb.max(1) << 20, 4)?;
