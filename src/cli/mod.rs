@@ -8,6 +8,7 @@ mod bench_streams;
 pub mod chat;
 pub mod convert;
 pub mod doctor;
+pub mod output;
 pub mod plan;
 pub mod run;
 pub mod serve;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
+use self::output::diag;
 use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
 use crate::engine::usage::{PinMode, UsageRecorder, UsageStart};
 use crate::engine::{Engine, EngineOptions};
@@ -283,7 +285,7 @@ pub fn resolve_state_dir(
         ) {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("coli: {e}; {what}");
+                diag!("coli: {e}; {what}");
                 return Ok(None);
             }
         },
@@ -292,7 +294,7 @@ pub fn resolve_state_dir(
         Ok(()) => Ok(Some(dir)),
         Err(e @ StateError::Insecure { .. }) => Err(e.into()),
         Err(e) => {
-            eprintln!(
+            diag!(
                 "coli: cannot use the state directory {} ({e}); {what}",
                 dir.display()
             );
@@ -325,7 +327,7 @@ pub fn start_usage(
             _ => anyhow::Error::new(e).context("starting the usage history"),
         })?;
     if let Some(why) = &start.ignored {
-        eprintln!("coli: ignoring the usage history: {why}; starting a new one");
+        diag!("coli: ignoring the usage history: {why}; starting a new one");
     }
     if start.pinned > 0 {
         tracing::info!(
@@ -343,7 +345,7 @@ pub fn finish_usage(recorder: Option<UsageRecorder>) {
     if let Some(r) = recorder
         && let Err(e) = r.finish()
     {
-        eprintln!("coli: usage history: {e}");
+        diag!("coli: usage history: {e}");
     }
 }
 

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::output::diag;
+
 use crate::convert::parse_format;
 use crate::synth::{SynthSpec, synth};
 
@@ -69,7 +71,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     let progress = std::io::stderr().is_terminal();
     let t0 = std::time::Instant::now();
     let report = synth(&spec, &args.output, progress)?;
-    eprintln!(
+    diag!(
         "wrote {} ({} layers x {} experts, top-{}, hidden {}, {:.1} MB; experts {}, dense {}) in {:.1}s",
         report.output.display(),
         spec.layers,
