@@ -68,7 +68,8 @@ pub struct BenchArgs {
     pub streams: Option<usize>,
     /// Sampling temperature of the `--streams` runs (seeded per stream), so
     /// streams route like different conversations.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true,
+          value_parser = crate::runtime::limits::temperature)]
     pub stream_temperature: f32,
     /// Directory of the usage history the measured pass reads and adds to
     /// (default: $XDG_STATE_HOME/colibri/<model fingerprint>).

@@ -215,7 +215,9 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A count flag (`--cache-cap`, `--max-tokens`, ...): a whole number >= 0.
+/// A count flag (`--cache-cap`, `--queue`, ...): a whole number >= 0. The
+/// flags of a generation request (`--max-tokens`, `--temperature`, ...)
+/// are checked by [`crate::runtime::limits`] instead, as every front end's.
 /// Negative numbers reach this parser (the flags allow them) so that `-1`
 /// gets this message instead of clap's "unexpected argument '-1'".
 pub fn parse_count(s: &str) -> Result<usize, String> {

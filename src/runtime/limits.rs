@@ -91,10 +91,11 @@ pub fn temperature(text: &str) -> Result<f32, LimitError> {
     }
 }
 
-/// Nucleus (top-p) cut.
+/// Nucleus (top-p) cut; checked as the sampler will hold it (a positive
+/// value too small for an `f32` would become 0).
 pub fn top_p(text: &str) -> Result<f32, LimitError> {
-    match number(text) {
-        Some(p) if p > 0.0 && p <= 1.0 => Ok(p as f32),
+    match number(text).map(|p| p as f32) {
+        Some(p) if p > 0.0 && p <= 1.0 => Ok(p),
         _ => Err(refused(TOP_P_RULE, text)),
     }
 }
@@ -168,6 +169,7 @@ mod tests {
         assert_eq!(top_p("1"), Ok(1.0));
         assert_eq!(msg(top_p("0")), "must be a number in (0, 1], got 0");
         assert!(top_p("1.5").is_err() && top_p("nan").is_err());
+        assert!(top_p("1e-50").is_err(), "0 as an f32");
         assert_eq!(top_k("0"), Ok(0));
         assert_eq!(msg(top_k("-1")), "must be a whole number >= 0, got -1");
         assert_eq!(seed("7"), Ok(7));
