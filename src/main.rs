@@ -1,3 +1,4 @@
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -9,7 +10,7 @@ fn main() -> ExitCode {
     let telemetry = match colibri::telemetry::init(trace.as_deref()) {
         Ok(guard) => guard,
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(std::io::stderr(), "error: {e}");
             return ExitCode::from(1);
         }
     };
@@ -58,10 +59,14 @@ fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        // The reader of stdout went away: it wants nothing more, and the
+        // command finished what it had to (README, "Exit codes").
+        Err(e) if colibri::cli::output::is_stdout_closed(&e) => ExitCode::SUCCESS,
         // 2 is clap's code for usage errors (bad flags, also when found after
-        // parsing); everything else (loading, I/O) is 1.
+        // parsing); everything else (loading, I/O) is 1. A stderr that cannot
+        // take the message changes nothing.
         Err(e) => {
-            eprintln!("error: {}", colibri::cli::error_chain(&e));
+            let _ = writeln!(std::io::stderr(), "error: {}", colibri::cli::error_chain(&e));
             ExitCode::from(if colibri::cli::is_usage_error(&e) { 2 } else { 1 })
         }
     }

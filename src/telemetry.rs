@@ -101,6 +101,10 @@ pub fn init(trace_file: Option<&Path>) -> Result<TelemetryGuard, TelemetryError>
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
+        // A log line stderr cannot take is dropped: tracing-subscriber's
+        // report of it would go to the same stderr through `eprintln!`,
+        // which panics when the reader is gone (`2>&1 | head`).
+        .log_internal_errors(false)
         .with_filter(filter);
     match trace_file {
         Some(path) => {

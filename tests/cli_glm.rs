@@ -2,8 +2,10 @@
 //! as plain greedy and reports acceptance; `run` and `validate` give the
 //! same tokens under pipeline options (tiny cache, simulated disk, …).
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use colibri::cli::validate::Reference;
 
@@ -18,11 +20,7 @@ fn prompt_ids(name: &str) -> String {
 }
 
 fn coli(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_coli"))
-        .args(args)
-        .env_remove("COLI_MODEL")
-        .output()
-        .unwrap()
+    support::coli_command().args(args).output()
 }
 
 fn stderr(o: &Output) -> String {

@@ -1,23 +1,25 @@
 //! A newcomer's first hour: no panics on bad paths and configs, exit codes
 //! that tell usage errors (2) from runtime errors (1), the chat template on
-//! `run --prompt`, private state outside the model directory, `:reset`
-//! confirmed, plain stderr when it is not a terminal.
+//! `run --prompt`, private state outside the model directory (and nothing
+//! anywhere else in HOME), `:reset` confirmed, plain stderr when it is not a
+//! terminal, one set of limits on every front end, and a reader that closes
+//! stdout ending the command quietly.
 
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
-use support::{Server, coli, olmoe_fixture, tiny_chat_model};
+use support::{Server, coli_command, olmoe_fixture, tiny_chat_model};
 
 fn run(args: &[&str], envs: &[(&str, &Path)]) -> Output {
-    let mut c = Command::new(coli());
-    c.args(args).env_remove("COLI_MODEL").env_remove("RUST_LOG");
+    let mut c = coli_command();
+    c.args(args);
     for (k, v) in envs {
         c.env(k, v);
     }
-    c.stdin(Stdio::null()).output().expect("running coli")
+    c.stdin(Stdio::null()).output()
 }
 
 fn stderr(o: &Output) -> String {
@@ -87,6 +89,15 @@ fn usage_errors_exit_2_and_runtime_errors_exit_1() {
     let o = run(&["run", "--prompt-ids", "1", "--max-tokens", "-5"], &[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("whole number"), "{}", stderr(&o));
+    // A reply of no tokens is not a reply: refused by name and range.
+    let o = run(&["run", "--prompt-ids", "1", "--max-tokens", "0"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--max-tokens") && stderr(&o).contains("must be a whole number >= 1, got 0"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.stdout.is_empty());
     let o = run(
         &["run", "--model", "/nonexistent/model", "--prompt-ids", "1"],
         &[],
@@ -167,9 +178,8 @@ fn serve_keeps_private_state_outside_the_model_dir() {
     let before = model_state();
     let home = tempfile::tempdir().expect("tmp");
     let xdg = home.path().join("state");
-    let mut c = Command::new(coli());
+    let mut c = coli_command();
     c.args(["serve", "--temperature", "0", "--max-tokens", "3"])
-        .env_remove("COLI_MODEL")
         .env("XDG_STATE_HOME", &xdg)
         .env("HOME", home.path());
     let mut s = Server::from_command(c);
@@ -205,21 +215,19 @@ fn a_state_dir_others_can_write_is_refused() {
 
 #[test]
 fn chat_reset_confirms_and_stderr_is_plain_text() {
-    let mut child = Command::new(coli())
+    let mut child = coli_command()
         .args(["chat", "--temperature", "0", "--max-tokens", "3"])
-        .env_remove("COLI_MODEL")
         .env("RUST_LOG", "debug")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+        .spawn();
     {
         use std::io::Write;
         let mut stdin = child.stdin.take().expect("stdin");
         stdin.write_all(b"hi\n:reset\n:q\n").expect("write");
     }
-    let o = child.wait_with_output().expect("wait");
+    let o = child.wait_with_output();
     assert!(o.status.success());
     let err = stderr(&o);
     assert!(err.contains("conversation cleared"), "{err}");
@@ -344,4 +352,297 @@ fn plan_predicts_a_consistent_range_and_refuses_bad_budgets() {
     let bad = run(&["plan", "--ram-gb", "-1"], &[]);
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("--ram-gb"), "{}", stderr(&bad));
+}
+
+// ---- where the first commands write ------------------------------------------
+
+/// Every file under `root`, as paths relative to it.
+fn files_under(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).expect("readable dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(root).expect("under root").to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The commands a newcomer runs first (`run`, `serve` with two turns then
+/// EOF, `chat` from stdin, `bench` with tiny counts, `doctor`) with `HOME`
+/// at `home` and the XDG variables as `xdg` says (`None`: unset).
+fn first_commands(home: &Path, xdg: Option<&Path>) {
+    let command = || {
+        let mut c = coli_command();
+        c.env("HOME", home);
+        for var in [
+            "XDG_STATE_HOME",
+            "XDG_DATA_HOME",
+            "XDG_CACHE_HOME",
+            "XDG_CONFIG_HOME",
+            "COLI_MODELS",
+        ] {
+            c.env_remove(var);
+        }
+        if let Some(x) = xdg {
+            c.env("XDG_STATE_HOME", x.join("state"))
+                .env("XDG_DATA_HOME", x.join("data"));
+        }
+        c
+    };
+    let ok = |o: &Output, what: &str| {
+        assert!(o.status.success(), "{what}: {}", stderr(o));
+        no_panic(o);
+    };
+    let o = command()
+        .args(["run", "--prompt", "hello", "--max-tokens", "4"])
+        .stdin(Stdio::null())
+        .output();
+    ok(&o, "run");
+    let mut c = command();
+    c.args(["serve", "--temperature", "0", "--max-tokens", "3"]);
+    let mut s = Server::from_command(c);
+    s.expect_ready();
+    assert!(s.line("hello").field(0) >= 1);
+    assert!(s.line("and then?").field(0) >= 1);
+    let (st, err) = s.finish();
+    assert!(st.success() && !err.contains("panicked"), "serve: {err}");
+    let mut chat = command()
+        .args(["chat", "--temperature", "0", "--max-tokens", "3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    {
+        use std::io::Write;
+        let mut stdin = chat.stdin.take().expect("stdin");
+        stdin.write_all(b"hi\nmore please\n:q\n").expect("write");
+    }
+    ok(&chat.wait_with_output(), "chat");
+    let o = command()
+        .args([
+            "bench",
+            "--tokens",
+            "2",
+            "--warmup",
+            "1",
+            "--prompt-len",
+            "4",
+            "--probe-mb",
+            "1",
+            "--no-compute-bound",
+        ])
+        .stdin(Stdio::null())
+        .output();
+    ok(&o, "bench");
+    let o = command()
+        .args(["doctor", "--probe-mb", "1"])
+        .stdin(Stdio::null())
+        .output();
+    ok(&o, "doctor");
+}
+
+#[test]
+fn the_first_commands_write_only_where_the_docs_say() {
+    // XDG unset: conversations and usage histories under ~/.local/state/colibri
+    // (docs/state-files.md), models under ~/.local/share/colibri; nothing else.
+    let home = tempfile::tempdir().expect("tmp");
+    first_commands(home.path(), None);
+    let files = files_under(home.path());
+    let state = Path::new(".local/state/colibri");
+    let data = Path::new(".local/share/colibri");
+    let stray: Vec<_> = files
+        .iter()
+        .filter(|f| !f.starts_with(state) && !f.starts_with(data))
+        .collect();
+    assert!(stray.is_empty(), "written outside the documented dirs: {stray:?}");
+    // The check has teeth: serve saved its conversation, run its usage history.
+    assert!(
+        files
+            .iter()
+            .any(|f| f.starts_with(state) && f.ends_with(".coli_kv")),
+        "{files:?}"
+    );
+    assert!(
+        files
+            .iter()
+            .any(|f| f.starts_with(state) && f.ends_with(colibri::engine::usage::HISTORY_FILE)),
+        "{files:?}"
+    );
+
+    // XDG set: HOME stays empty, the state goes where XDG_STATE_HOME says.
+    let home = tempfile::tempdir().expect("tmp");
+    let xdg = tempfile::tempdir().expect("tmp");
+    first_commands(home.path(), Some(xdg.path()));
+    let in_home = files_under(home.path());
+    assert!(in_home.is_empty(), "written into HOME: {in_home:?}");
+    let mut entries = std::fs::read_dir(home.path()).expect("HOME");
+    assert!(entries.next().is_none(), "a directory was made in HOME");
+    assert!(
+        files_under(&xdg.path().join("state").join("colibri"))
+            .iter()
+            .any(|f| f.ends_with(".coli_kv")),
+        "no conversation under XDG_STATE_HOME"
+    );
+}
+
+// ---- a reader that closes stdout -----------------------------------------------
+
+/// Reads from `r` on a thread until `enough` says the bytes so far suffice
+/// (or the pipe ends), bounded by the reply timeout; gives the reader back
+/// so the caller decides when it closes.
+fn read_until(
+    mut r: std::io::PipeReader,
+    enough: impl Fn(&[u8]) -> bool + Send + 'static,
+) -> (std::io::PipeReader, Vec<u8>) {
+    use std::io::Read;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while !enough(&got) {
+            match r.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send((r, got));
+    });
+    rx.recv_timeout(support::REPLY_TIMEOUT)
+        .expect("coli wrote nothing in time")
+}
+
+/// A generation slow enough (every expert read waits on a simulated disk)
+/// that most of it comes after the test closed the pipe.
+const SLOW: &[&str] = &["--disk-sim", "lat=2ms", "--cache-cap", "1", "--pilot", "off"];
+
+fn run_into(stdout: Stdio, stderr: Stdio) -> support::ColiChild {
+    coli_command()
+        .args([
+            "run",
+            "--prompt",
+            "Tell me a long story about a river.",
+            "--max-tokens",
+            "64",
+        ])
+        .args(SLOW)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+}
+
+#[test]
+fn a_closed_stdout_ends_run_quietly() {
+    // stdout closed after a few bytes, stderr read to the end: exit 0 (README,
+    // "Exit codes"), no panic, no broken-pipe message, the summary still there.
+    let (r, w) = std::io::pipe().expect("pipe");
+    let mut child = run_into(w.into(), Stdio::piped());
+    let err = child.stderr.take().expect("stderr");
+    let err = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let (r, got) = read_until(r, |b| b.len() >= 3);
+    assert!(!got.is_empty(), "no output before the close");
+    drop(r);
+    let status = support::wait_bounded(&mut child, support::REPLY_TIMEOUT);
+    let err = err.join().expect("stderr reader");
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.to_lowercase().contains("broken pipe"), "{err}");
+    assert!(err.contains("generated"), "{err}");
+
+    // stdout and stderr on one pipe (`2>&1 | head -c 10`), closed after a few
+    // bytes: every later write fails, on both streams.
+    let (r, w) = std::io::pipe().expect("pipe");
+    let mut child = run_into(w.try_clone().expect("dup").into(), w.into());
+    let (r, _) = read_until(r, |b| b.len() >= 10);
+    drop(r);
+    let status = support::wait_bounded(&mut child, support::REPLY_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "a panic exits 101");
+
+    // Both closed before the first byte: every write of the run fails.
+    let (r, w) = std::io::pipe().expect("pipe");
+    drop(r);
+    let mut child = run_into(w.try_clone().expect("dup").into(), w.into());
+    let status = support::wait_bounded(&mut child, support::REPLY_TIMEOUT);
+    assert_eq!(status.code(), Some(0), "a panic exits 101");
+}
+
+/// Tokens slot 0's state file in `dir` holds, read as the engine reads it.
+fn saved_tokens(dir: &Path) -> usize {
+    use colibri::engine::{Engine, EngineOptions, kv_layout};
+    use colibri_actors::kv::{KvFile, slot_path};
+    let engine = Engine::load(&tiny_chat_model(), &EngineOptions::default()).expect("model");
+    let layout = kv_layout(
+        engine.state_fingerprint(),
+        engine.model.new_state().record_bytes(),
+    );
+    // Read a copy: opening may rewrite headers.
+    let copy = tempfile::tempdir().expect("tmp");
+    let path = slot_path(copy.path(), 0);
+    std::fs::copy(slot_path(dir, 0), &path).expect("a state file for slot 0");
+    let mut n = 0;
+    KvFile::open(&path, layout, &mut |_, _| n += 1).expect("a readable state file");
+    n
+}
+
+#[test]
+fn serve_saves_the_conversation_when_stdout_closes() {
+    use std::io::Write;
+    let state = tempfile::tempdir().expect("tmp");
+    let (r, w) = std::io::pipe().expect("pipe");
+    let mut child = coli_command()
+        .args(["serve", "--temperature", "0", "--max-tokens", "8", "--state-dir"])
+        .arg(state.path())
+        .stdin(Stdio::piped())
+        .stdout(w.into())
+        .stderr(Stdio::piped())
+        .spawn();
+    let err = child.stderr.take().expect("stderr");
+    let err = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"hello\n").expect("first turn");
+    stdin.flush().expect("flush");
+    // READY, then the first reply up to the end of its STAT line.
+    let end = support::END;
+    let after_end = move |b: &[u8]| {
+        b.windows(end.len())
+            .position(|w| w == end)
+            .map(|i| b[i + end.len()..].to_vec())
+    };
+    let (r, got) = read_until(r, move |b| after_end(b).is_some_and(|rest| rest.contains(&b'\n')));
+    let stat = after_end(&got).expect("a reply");
+    let stat = String::from_utf8_lossy(&stat);
+    let f: Vec<usize> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // STAT <emitted> <tok/s> <hit%> <rss> <prompt_tokens> <length_limited>.
+    let (emitted, prompt) = (f[0], f[f.len() - 2]);
+    // The client stops reading, sends one more turn and ends its input.
+    drop(r);
+    stdin
+        .write_all(b"tell me more about that\n")
+        .expect("second turn");
+    drop(stdin);
+    let status = support::wait_bounded(&mut child, support::REPLY_TIMEOUT);
+    let err = err.join().expect("stderr reader");
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.to_lowercase().contains("broken pipe"), "{err}");
+    // The first turn (its prompt, its reply and perhaps a stop token) and
+    // the second turn's prompt, whose reply nobody read, are saved.
+    let held = saved_tokens(state.path());
+    assert!(
+        held > prompt + emitted + 1,
+        "{held} tokens saved after {prompt} + {emitted}"
+    );
 }

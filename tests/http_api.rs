@@ -6,14 +6,14 @@ mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{coli, tiny_chat_model, wait_bounded};
+use support::{ColiChild, coli_command, tiny_chat_model, wait_bounded};
 
 /// Longest wait for a server to start or a response to arrive.
 const HANG_GUARD: Duration = Duration::from_secs(180);
@@ -30,7 +30,7 @@ fn long_stream() -> Value {
 
 /// A running `coli serve --http 127.0.0.1:0`.
 struct HttpServer {
-    child: Child,
+    child: ColiChild,
     base: String,
     ready_line: String,
     stderr: Arc<Mutex<String>>,
@@ -43,19 +43,21 @@ impl HttpServer {
 
     fn start_with(extra: &[&str], env: &[(&str, &str)]) -> HttpServer {
         let model = tiny_chat_model();
-        let mut cmd = Command::new(coli());
+        let mut cmd = coli_command();
         cmd.arg("serve")
             .arg("--model")
             .arg(&model)
             .args(["--http", "127.0.0.1:0", "--threads", "1"])
             .args(extra)
-            .env_remove("COLI_MODEL")
-            .env_remove("COLI_API_KEY")
-            .envs(env.iter().copied())
+            .env_remove("COLI_API_KEY");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawning coli serve --http");
+            .stderr(Stdio::piped())
+            .spawn();
         let err = child.stderr.take().expect("stderr piped");
         let stderr = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
@@ -844,7 +846,7 @@ async fn errors_have_openai_and_anthropic_shapes_and_statuses() {
         &c,
         &srv,
         "/v1/messages",
-        &json!({"max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "hi"}]}),
+        &json!({"max_tokens": 5, "temperature": 2.5, "messages": [{"role": "user", "content": "hi"}]}),
     )
     .await;
     assert_eq!(status, 400, "{v}");
@@ -1181,22 +1183,16 @@ async fn load_16_clients_loses_nothing_and_memory_stays_flat() {
 
 #[test]
 fn http_flags_are_checked_before_anything_runs() {
-    let out = Command::new(coli())
-        .args(["serve", "--queue", "3"])
-        .env_remove("COLI_MODEL")
-        .output()
-        .expect("coli");
+    let out = coli_command().args(["serve", "--queue", "3"]).output();
     assert_eq!(
         out.status.code(),
         Some(2),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = Command::new(coli())
+    let out = coli_command()
         .args(["serve", "--http", "not-an-address"])
-        .env_remove("COLI_MODEL")
-        .output()
-        .expect("coli");
+        .output();
     assert_eq!(
         out.status.code(),
         Some(2),

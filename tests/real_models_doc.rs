@@ -3,8 +3,10 @@
 //! by the fixtures of the same layout (HF checkpoints) or by temporary
 //! directories (the containers the convert commands write).
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -89,14 +91,12 @@ fn every_coli_command_in_real_models_md_runs() {
             .skip(1)
             .map(|w| swap(w, tmp.path()))
             .collect();
-        let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+        let out = support::coli_command()
             .args(&words)
-            .env_remove("COLI_MODEL")
             .env("HOME", tmp.path())
             .env("XDG_STATE_HOME", tmp.path().join("state"))
             .stdin(Stdio::null())
-            .output()
-            .expect("running coli");
+            .output();
         assert!(
             out.status.success(),
             "`{line}` failed ({}):\n{}{}",

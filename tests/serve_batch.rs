@@ -13,14 +13,14 @@ mod support;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
-use std::process::{Child, ChildStdin, ExitStatus};
+use std::process::{ChildStdin, ExitStatus};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Instant;
 
 use colibri::tokenizer::Tokenizer;
-use support::{READY, REPLY_TIMEOUT, spawn_coli, tiny_chat_model, wait_bounded};
+use support::{ColiChild, READY, REPLY_TIMEOUT, spawn_coli, tiny_chat_model, wait_bounded};
 
 /// One frame from the server.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,7 +102,7 @@ impl Outcome {
 
 /// A running `coli serve --batch`.
 struct Batch {
-    child: Child,
+    child: ColiChild,
     stdin: Option<ChildStdin>,
     rx: Receiver<Vec<u8>>,
     buf: VecDeque<u8>,

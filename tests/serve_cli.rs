@@ -4,7 +4,7 @@
 mod support;
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use colibri::tokenizer::Tokenizer;
@@ -326,13 +326,12 @@ fn an_unusable_state_dir_turns_saving_off_with_a_message() {
 #[test]
 fn kv_slots_is_validated() {
     for bad in ["0", "17", "x"] {
-        let mut child = Command::new(support::coli())
+        let mut child = support::coli_command()
             .args(["serve", "--no-kv-save", "--kv-slots", bad])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .spawn();
         let st = wait_bounded(&mut child, Duration::from_secs(60));
         assert!(!st.success(), "--kv-slots {bad} accepted");
     }

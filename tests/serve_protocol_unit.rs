@@ -424,7 +424,15 @@ fn every_malformed_frame_gets_the_malformed_reply_and_sync_is_kept() {
         (prompt("abc", "5 0.5 0").into_bytes(), "top_p"),
         (prompt("abc", "5 0.5 1.01").into_bytes(), "top_p"),
         (prompt("abc", "5 0.5 1 2").into_bytes(), "kv_slot"),
-        (prompt("abc", "5 0.5 1 0 -4").into_bytes(), "seed"),
+        (prompt("abc", "5 0.5 1 0 1.5").into_bytes(), "seed"),
+        (
+            prompt("abc", "5 0.5 1 0 18446744073709551616").into_bytes(),
+            "seed",
+        ),
+        (
+            prompt("abc", "5 2.5 1").into_bytes(),
+            "temperature must be a number in [0, 2], got 2.5",
+        ),
         (prompt("a\0c", "5 0.5 1").into_bytes(), "NUL"),
         (prompt("BADTOK", "5 0.5 1").into_bytes(), "tokenizing failed"),
         (prompt("", "5 0.5 1").into_bytes(), "empty after tokenization"),
@@ -472,6 +480,48 @@ fn generation_failure_closes_the_reply_and_errors() {
     let err = run_serve(&b"hi\n"[..], &mut out, &mut diag, &mut m, &cfg(1, 8)).unwrap_err();
     assert!(matches!(err, ServeError::Engine { .. }), "{err}");
     assert!(String::from_utf8(out).unwrap().ends_with(BAD));
+}
+
+/// Takes `room` bytes, then fails like a pipe whose reader went away.
+struct ClosingPipe {
+    room: usize,
+    got: Vec<u8>,
+}
+
+impl std::io::Write for ClosingPipe {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let n = b.len().min(self.room - self.got.len());
+        if n == 0 && !b.is_empty() {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        self.got.extend_from_slice(&b[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_closed_output_ends_the_session_after_saving_every_slot() {
+    let mut m = Mock::new(2);
+    // READY and two bytes of the first reply go out, then the reader leaves.
+    let mut out = ClosingPipe {
+        room: READY.len() + 2,
+        got: Vec::new(),
+    };
+    let err = run_serve(&b"hi\nthere\n"[..], &mut out, &mut Vec::new(), &mut m, &cfg(2, 8)).unwrap_err();
+    assert!(
+        matches!(&err, ServeError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe),
+        "{err}"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.got), [READY, "He"].concat());
+    // The turn that could not be read stopped early; nothing after it ran.
+    assert_eq!(m.calls.len(), 1);
+    assert_eq!(bytes_of(&m.slots[0]), "<s>[U]hi[A]Hel");
+    // Every slot saved as at EOF, then the engine finished.
+    assert_eq!(m.persisted, [0, 1]);
+    assert!(m.finished);
 }
 
 #[test]

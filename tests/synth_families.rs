@@ -6,8 +6,9 @@
 //! the same tokens mapped and streamed, the same bytes from the same seed,
 //! and `coli bench` running on them.
 
+mod support;
+
 use std::path::Path;
-use std::process::Command;
 
 use colibri::convert::ALIGN;
 use colibri::engine::{Engine, EngineOptions, Placement};
@@ -216,12 +217,11 @@ fn grouped_int4_experts_decode() {
 }
 
 fn coli(args: &[&str], dir: &Path, state: &Path) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_coli"))
+    let out = support::coli_command()
         .args(args)
         .arg(dir)
         .env("XDG_STATE_HOME", state)
-        .output()
-        .unwrap();
+        .output();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -1,6 +1,8 @@
 //! `coli synth` output: a container the engine loads and decodes
 //! deterministically, laid out like `coli convert`'s.
 
+mod support;
+
 use colibri::convert::ALIGN;
 use colibri::engine::{Engine, EngineOptions};
 use colibri::quant::QFormat;
@@ -188,7 +190,7 @@ fn coli_bench_replays_an_id_file() {
         .collect();
     let file = tmp.path().join("ids.txt");
     std::fs::write(&file, ids.join(", ")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
+    let out = support::coli_command()
         .args(["bench", "--model"])
         .arg(&dir)
         .arg("--replay")
@@ -203,8 +205,7 @@ fn coli_bench_replays_an_id_file() {
             "--probe-mb",
             "1",
         ])
-        .output()
-        .unwrap();
+        .output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -219,13 +220,12 @@ fn coli_bench_replays_an_id_file() {
     );
     // An id outside the vocabulary is refused.
     std::fs::write(&file, format!("{} 1 2 3 4 5 6 7 8 9 10 11", spec.vocab)).unwrap();
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
+    let bad = support::coli_command()
         .args(["bench", "--model"])
         .arg(&dir)
         .arg("--replay")
         .arg(&file)
         .args(["--prompt-len", "4", "--warmup", "2", "--tokens", "6"])
-        .output()
-        .unwrap();
+        .output();
     assert!(!bad.status.success());
 }

@@ -5,13 +5,13 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use colibri::engine::usage::{DECAY_PER_RUN, HISTORY_FILE, UsageHistory};
-use support::coli;
+use support::coli_command;
 
 fn run(state: &Path, extra: &[&str]) -> Output {
-    Command::new(coli())
+    coli_command()
         .args([
             "run",
             "--prompt-ids",
@@ -27,11 +27,8 @@ fn run(state: &Path, extra: &[&str]) -> Output {
         ])
         .arg(state)
         .args(extra)
-        .env_remove("COLI_MODEL")
-        .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
-        .expect("running coli")
 }
 
 fn ok(o: &Output) -> String {
@@ -101,23 +98,20 @@ fn serve_and_chat_write_the_history_when_they_stop() {
     let tmp = tempfile::tempdir().expect("tmp");
     for (cmd, input) in [("serve", &b"hello\n"[..]), ("chat", &b"hi\n:q\n"[..])] {
         let state = tmp.path().join(cmd);
-        let mut child = Command::new(coli())
+        let mut child = coli_command()
             .args([cmd, "--temperature", "0", "--max-tokens", "4", "--state-dir"])
             .arg(&state)
-            .env_remove("COLI_MODEL")
-            .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
+            .spawn();
         child
             .stdin
             .take()
             .expect("stdin")
             .write_all(input)
             .expect("write");
-        ok(&child.wait_with_output().expect("wait"));
+        ok(&child.wait_with_output());
         let h = UsageHistory::load(&state.join(HISTORY_FILE))
             .expect("readable")
             .expect("written");

@@ -7,6 +7,7 @@
 //! smaller one; tokens must be identical in every pass, since placement may
 //! change speed, never numbers.
 
+use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -14,6 +15,7 @@ use anyhow::Context;
 use clap::Args;
 use colibri_actors::StorageOptions;
 
+use super::output::diag;
 use super::{EngineArgs, ModelArg};
 use crate::engine::{Engine, EngineOptions};
 use crate::engine::{MemoryPlan, peak_rss_bytes};
@@ -66,7 +68,8 @@ pub struct BenchArgs {
     pub streams: Option<usize>,
     /// Sampling temperature of the `--streams` runs (seeded per stream), so
     /// streams route like different conversations.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true,
+          value_parser = crate::runtime::limits::temperature)]
     pub stream_temperature: f32,
     /// Directory of the usage history the measured pass reads and adds to
     /// (default: $XDG_STATE_HOME/colibri/<model fingerprint>).
@@ -131,7 +134,7 @@ fn run_pass(
     warm_first: bool,
     with_usage: bool,
 ) -> anyhow::Result<Pass> {
-    eprintln!("bench: pass {name:?} ...");
+    diag!("bench: pass {name:?} ...");
     let t0 = Instant::now();
     let mut engine = Engine::load_with_progress(dir, opts, crate::progress::load_progress())
         .with_context(|| format!("loading {}", dir.display()))?;
@@ -322,37 +325,47 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         }
     };
 
-    print_report(&dir, &cfg, &opts, &args, &work, &passes, disk_bw, &disk_how);
+    let mut out = super::output::stdout();
+    print_report(
+        &mut out, &dir, &cfg, &opts, &args, &work, &passes, disk_bw, &disk_how,
+    )?;
     if let Some(m) = &memory_bound {
         let mb = |b: f64| b / 1e6;
-        println!(
+        writeln!(
+            out,
             "memory read         {:>10.1} MB/s  (same run, {} threads, best of 5 passes over 512 MB)",
             mb(m.read_bw),
             m.threads
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "memory bound        {:>10.3} tok/s  (memory read / {:.2} MB a token reads with every expert resident: dense step + {:.2} experts x {:.2} MB)",
             m.tok_per_s(),
             mb(m.bytes_per_token),
             m.experts_per_token,
             mb(m.expert_bytes)
-        );
+        )?;
         if let Some(c) = passes.iter().find(|p| p.name == "all resident") {
-            println!(
+            writeln!(
+                out,
                 "resident / memory   {:>10.3}       (all-resident decode tok/s / memory bound: the share of RAM bandwidth decode uses)",
                 c.result.tok_per_s() / m.tok_per_s()
-            );
+            )?;
         }
     }
 
     let first = &passes[0].result.tokens;
     let same = passes.iter().all(|p| &p.result.tokens == first);
     if same {
-        println!("deterministic: tokens identical across {} passes", passes.len());
+        writeln!(
+            out,
+            "deterministic: tokens identical across {} passes",
+            passes.len()
+        )?;
     } else {
-        println!("DETERMINISM FAILURE: passes produced different tokens");
+        writeln!(out, "DETERMINISM FAILURE: passes produced different tokens")?;
         for p in &passes {
-            println!("  {:<14} {:?}", p.name, p.result.tokens);
+            writeln!(out, "  {:<14} {:?}", p.name, p.result.tokens)?;
         }
     }
     Ok(same)
@@ -360,6 +373,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
 
 #[allow(clippy::too_many_arguments)]
 fn print_report(
+    out: &mut dyn Write,
     dir: &Path,
     cfg: &ModelShape,
     opts: &EngineOptions,
@@ -368,17 +382,19 @@ fn print_report(
     passes: &[Pass],
     disk_bw: f64,
     disk_how: &str,
-) {
+) -> std::io::Result<()> {
     let mb = |b: f64| b / 1e6;
-    println!(
+    writeln!(
+        out,
         "model {}: {} layers, {} experts top-{}, hidden {}",
         dir.display(),
         cfg.num_hidden_layers,
         cfg.num_experts,
         cfg.num_experts_per_tok,
         cfg.hidden_size
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "options: cache-cap {} | ram-gb {} | disk-sim {} | pilot {} | io-workers {} | direct {} | overlap {}",
         opts.cache_cap.map_or("default".into(), |c| c.to_string()),
         opts.ram_gb.map_or("default".into(), |g| g.to_string()),
@@ -387,9 +403,10 @@ fn print_report(
         opts.io_workers,
         opts.direct,
         opts.overlap
-    );
+    )?;
     if let Some(u) = passes.first().and_then(|p| p.usage.as_ref()) {
-        println!(
+        writeln!(
+            out,
             "usage history: {} run(s) before this one, {} expert(s) pinned at start-up (--pin {})",
             u.history_runs,
             u.pinned,
@@ -398,9 +415,10 @@ fn print_report(
                 crate::engine::usage::PinMode::Auto => "auto".to_string(),
                 crate::engine::usage::PinMode::File(p) => p.display().to_string(),
             }
-        );
+        )?;
     }
-    println!(
+    writeln!(
+        out,
         "prompt {} tok, warm-up {} tok, measured {} tok, {}",
         work.prompt.len(),
         args.warmup,
@@ -409,9 +427,10 @@ fn print_report(
             Some(p) => format!("forced from --replay {}", p.display()),
             None => "greedy".into(),
         }
-    );
-    println!();
-    println!(
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
         "{:<14} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>9}",
         "pass",
         "tok/s",
@@ -423,12 +442,13 @@ fn print_report(
         "precision",
         "prefill s",
         "load s"
-    );
+    )?;
     let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.1}%", v * 100.0));
     for p in passes {
         let r = &p.result;
         let prof = r.profile.as_ref();
-        println!(
+        writeln!(
+            out,
             "{:<14} {:>9.3} {:>8.1}% {:>10.2} {:>10.2} {:>10.2} {:>8} {:>9} {:>10.2} {:>9.2}",
             p.name,
             r.tok_per_s(),
@@ -440,9 +460,9 @@ fn print_report(
             pct(prof.and_then(|p| p.pilot_precision())),
             r.prefill_secs,
             p.load_secs
-        );
+        )?;
     }
-    println!();
+    writeln!(out)?;
     let measured = &passes[0].result;
     let needed = measured.needed_bytes_per_token();
     let io_bound = if needed > 0.0 {
@@ -451,17 +471,19 @@ fn print_report(
         f64::INFINITY
     };
     let compute = passes.iter().find(|p| p.name == "all resident");
-    println!("disk bandwidth      {:>10.1} MB/s  {disk_how}", mb(disk_bw));
-    println!(
+    writeln!(out, "disk bandwidth      {:>10.1} MB/s  {disk_how}", mb(disk_bw))?;
+    writeln!(
+        out,
         "I/O bound           {io_bound:>10.3} tok/s  (disk bandwidth / needed bytes per token: demand reads + prefetches used; wasted prefetch {:.2} MB/tok not counted)",
         mb(measured.wasted_bytes_per_token())
-    );
+    )?;
     if let Some(p) = &measured.profile
         && p.reads > 0
         && measured.decode_secs > 0.0
     {
         let per_tok = |n: u64| n as f64 / measured.measured.max(1) as f64;
-        println!(
+        writeln!(
+            out,
             "I/O activity        reads busy {:.1}% of the window per worker ({} workers); per token {:.2} demand loads, {:.2} prefetch loads, {:.2} prefetches dropped unread when their layer's routing skipped them, {:.2} cancelled by the next step",
             p.read_ns as f64 / 1e9 / measured.decode_secs / opts.io_workers.max(1) as f64 * 100.0,
             opts.io_workers,
@@ -469,7 +491,7 @@ fn print_report(
             per_tok(p.prefetch_loads),
             per_tok(p.prefetch_dropped_unread),
             per_tok(p.loads_cancelled)
-        );
+        )?;
     }
     let mut bound = io_bound;
     if let Some(c) = compute {
@@ -482,28 +504,31 @@ fn print_report(
                 c.result.window.misses
             )
         };
-        println!("compute bound       {cb:>10.3} tok/s  ({resident})");
+        writeln!(out, "compute bound       {cb:>10.3} tok/s  ({resident})")?;
         bound = bound.min(cb);
     }
     if bound.is_finite() && bound > 0.0 {
-        println!(
+        writeln!(
+            out,
             "measured / bound    {:>10.3}       (measured tok/s / min(I/O bound, compute bound))",
             measured.tok_per_s() / bound
-        );
+        )?;
     }
     if let Some(strict) = passes.iter().find(|p| p.name == "no-overlap") {
         let s = strict.result.tok_per_s();
         if s > 0.0 {
-            println!(
+            writeln!(
+                out,
                 "overlap / strict   {:>10.3}       (measured tok/s / no-overlap tok/s)",
                 measured.tok_per_s() / s
-            );
+            )?;
         }
     }
     if let Some(p) = &measured.profile
         && p.pilot_routed > 0
     {
-        println!(
+        writeln!(
+            out,
             "pilot               recall {} precision {}; recall of the predictions that arrived, late ones too: {}  ({} routings unpredicted, {} predictions late, {} residuals dropped, {} stale; dropped, stale and late count as misses)",
             pct(p.pilot_recall()),
             pct(p.pilot_precision()),
@@ -512,15 +537,17 @@ fn print_report(
             p.pilot_late,
             p.pilot_dropped,
             p.pilot_stale
-        );
+        )?;
     }
     let first = &passes[0];
-    println!("{}", first.memory);
+    writeln!(out, "{}", first.memory)?;
     if let (Some(rss), Some(total)) = (first.peak_rss, first.memory.engine_total()) {
-        println!(
+        writeln!(
+            out,
             "peak RSS            {:>10.2} GiB = {:.3} x the budget (after the measured pass)",
             rss as f64 / (1u64 << 30) as f64,
             rss as f64 / total as f64
-        );
+        )?;
     }
+    Ok(())
 }

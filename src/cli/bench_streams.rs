@@ -9,11 +9,13 @@
 //!    unique expert a step fetched, over the memory bandwidth measured here
 //!    (and the bytes read from disk over the disk bandwidth, when streamed).
 
+use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Context;
 
 use super::bench::BenchArgs;
+use super::output::diag;
 use crate::engine::{Engine, EngineOptions};
 use crate::model::olmoe::LoadOptions;
 use crate::runtime::{DecodeLoop, Event, GenRequest, LoopConfig, PromptMode, SlotChoice};
@@ -141,7 +143,7 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
         // Direct, one greedy stream (the path before the runtime). Every
         // pass runs once unmeasured first, so each measured pass finds the
         // experts it routes to already touched (page cache, decoded slots).
-        eprintln!("bench: round {round}/{rounds}: direct single stream ...");
+        diag!("bench: round {round}/{rounds}: direct single stream ...");
         let mut engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
             .with_context(|| format!("loading {}", dir.display()))?;
         step_dense = engine.model.step_dense_bytes() as f64;
@@ -160,7 +162,7 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
         drop(session);
         drop(engine);
 
-        eprintln!("bench: round {round}/{rounds}: decode loop, 1 and {streams} streams ...");
+        diag!("bench: round {round}/{rounds}: decode loop, 1 and {streams} streams ...");
         let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
             .with_context(|| format!("loading {}", dir.display()))?;
         placement = engine.memory.to_string();
@@ -219,47 +221,58 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     };
 
     let mb = |b: f64| b / 1e6;
-    println!(
+    let mut out = super::output::stdout();
+    writeln!(
+        out,
         "model {}: {} layers, {} experts top-{}",
         dir.display(),
         shape.num_hidden_layers,
         shape.num_experts,
         shape.num_experts_per_tok
-    );
-    println!("{placement}");
-    println!(
+    )?;
+    writeln!(out, "{placement}")?;
+    writeln!(
+        out,
         "prompt {} tok, {n} tokens per stream, sampled streams at temperature {temp} (seeded)",
         args.prompt_len
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "memory bandwidth    {:>10.1} MB/s  (SIMD read of 256 MiB on the bench threads, best of 5 per round, best round)",
         mb(mem_bw)
-    );
+    )?;
     if let Some((bw, kind)) = disk_bw {
-        println!(
+        writeln!(
+            out,
             "disk bandwidth      {:>10.1} MB/s  ({} MB of expert extents in file order via {kind}; the page cache may serve part)",
             mb(bw),
             args.probe_mb
-        );
+        )?;
     }
-    println!("rounds              {rounds:>10}       (interleaved; each row is the median round)");
-    println!(
+    writeln!(
+        out,
+        "rounds              {rounds:>10}       (interleaved; each row is the median round)"
+    )?;
+    writeln!(
+        out,
         "direct rounds       {:?}",
         direct
             .iter()
             .map(|t| (t * 100.0).round() / 100.0)
             .collect::<Vec<_>>()
-    );
-    println!();
-    println!(
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
         "{:<22} {:>8} {:>9} {:>10} {:>8} {:>12} {:>11} {:>10} {:>9}",
         "run", "streams", "tok/s", "steps", "seq/step", "experts/step", "MB/step", "bound t/s", "/ bound"
-    );
-    let row = |name: &str, r: &Run| {
+    )?;
+    let row = |out: &mut dyn Write, name: &str, r: &Run| -> std::io::Result<()> {
         let steps = r.steps.max(1) as f64;
         let per_step = (step_dense + r.fetches as f64 * expert_bytes / steps) / 1e6;
         let b = bound(r);
-        println!(
+        writeln!(
+            out,
             "{:<22} {:>8} {:>9.3} {:>10} {:>8.2} {:>12.1} {:>11.1} {:>10.3} {:>9.3}",
             name,
             r.tokens.len(),
@@ -270,33 +283,43 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
             per_step,
             b,
             r.tok_per_s() / b
-        );
+        )?;
         if r.bytes_read > 0 {
-            println!(
+            writeln!(
+                out,
                 "{:<22} read from disk {:.1} MB/step",
                 "",
                 mb(r.bytes_read as f64 / steps)
-            );
+            )?;
         }
+        Ok(())
     };
-    println!("{:<22} {:>8} {:>9.3}", "direct (greedy)", 1, direct_tps);
-    row("loop, greedy", &greedy);
-    row("loop, sampled", &single);
-    row("loop, sampled", &multi);
-    println!();
-    println!(
+    writeln!(out, "{:<22} {:>8} {:>9.3}", "direct (greedy)", 1, direct_tps)?;
+    row(&mut out, "loop, greedy", &greedy)?;
+    row(&mut out, "loop, sampled", &single)?;
+    row(&mut out, "loop, sampled", &multi)?;
+    writeln!(out)?;
+    writeln!(
+        out,
         "loop / direct       {:>10.3}       (single greedy stream through the decode loop vs Session::generate)",
         greedy.tok_per_s() / direct_tps
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "aggregate speed-up  {:>10.3}       ({streams} streams' tok/s / one stream's, same sampling)",
         multi.tok_per_s() / single.tok_per_s()
-    );
+    )?;
     let same = greedy.tokens.first() == Some(&direct_tokens);
     if same {
-        println!("deterministic: the loop's greedy stream equals the direct one");
+        writeln!(
+            out,
+            "deterministic: the loop's greedy stream equals the direct one"
+        )?;
     } else {
-        println!("DETERMINISM FAILURE: the loop's greedy stream differs from the direct one");
+        writeln!(
+            out,
+            "DETERMINISM FAILURE: the loop's greedy stream differs from the direct one"
+        )?;
     }
     Ok(same)
 }

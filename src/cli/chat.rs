@@ -9,11 +9,12 @@ use std::ops::ControlFlow;
 use anyhow::Context;
 use clap::Args;
 
-use super::serve::{check_sampling, context_len};
+use super::output::diag;
+use super::serve::context_len;
 use super::{EngineArgs, ModelArg};
 use crate::chat_template::ChatMessage;
 use crate::engine::Engine;
-use crate::runtime::{DecodeLoop, LoopConfig};
+use crate::runtime::{DecodeLoop, LoopConfig, limits};
 use crate::serve::{GenParams, LoopServer, ServeEngine};
 
 /// Positions kept free at the end of the context (as `coli serve`).
@@ -24,21 +25,21 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArg,
     /// Tokens per reply.
-    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = limits::max_tokens)]
     pub max_tokens: usize,
     /// Context length (default: the model's, at most 8192).
-    #[arg(long, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, allow_negative_numbers = true, value_parser = limits::context)]
     pub ctx: Option<usize>,
     /// 0 = greedy.
-    #[arg(long, default_value_t = 0.7, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.7, allow_negative_numbers = true, value_parser = limits::temperature)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = limits::top_p)]
     pub top_p: f32,
     /// 0 = no top-k cut.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = limits::top_k)]
     pub top_k: usize,
     /// Seed of the first reply (later replies use seed+1, seed+2, ...); default: fresh.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = limits::seed)]
     pub seed: Option<u64>,
     /// Directory of the usage history (default:
     /// $XDG_STATE_HOME/colibri/<model fingerprint>, ~/.local/state/... when unset).
@@ -73,10 +74,7 @@ impl Chat {
     /// Streams one reply to `out`; returns its text.
     fn generate(&mut self, tokens: &[u32], out: &mut dyn Write) -> anyhow::Result<String> {
         let len_after = self.server.slot_tokens(0).len() + tokens.len();
-        let budget = self
-            .params
-            .max_tokens
-            .min(self.max_ctx.saturating_sub(len_after + 2));
+        let budget = limits::reply_budget(len_after, self.params.max_tokens, self.max_ctx);
         let params = GenParams {
             max_tokens: budget,
             ..self.params()
@@ -102,7 +100,7 @@ impl Chat {
         out.flush()?;
         self.continuable = outcome.emitted >= budget && budget > 0;
         let last = self.server.last_call();
-        eprintln!(
+        diag!(
             "[{} tok, {:.2} tok/s, expert hit rate {:.1}%, first token {:.0} ms{}]",
             outcome.emitted,
             outcome.tok_per_s,
@@ -118,14 +116,14 @@ impl Chat {
         let mut tokens = self.server.tokenize(&text)?;
         let held = self.server.slot_tokens(0).len();
         if held > 0 && held + tokens.len() + CTX_RESERVE >= self.max_ctx {
-            eprintln!("coli chat: the conversation is full; starting a new one");
+            diag!("coli chat: the conversation is full; starting a new one");
             self.reset()?;
             text = self.server.render_user_turn(&self.history, line)?;
             tokens = self.server.tokenize(&text)?;
         }
         tokens.truncate(self.max_ctx.saturating_sub(CTX_RESERVE));
         if tokens.is_empty() {
-            eprintln!("coli chat: the turn is empty after tokenization");
+            diag!("coli chat: the turn is empty after tokenization");
             return Ok(());
         }
         self.history.push(ChatMessage::user(line));
@@ -137,7 +135,7 @@ impl Chat {
     fn more(&mut self, out: &mut dyn Write) -> anyhow::Result<()> {
         let held = self.server.slot_tokens(0);
         let (true, Some(&last)) = (self.continuable, held.last()) else {
-            eprintln!("coli chat: nothing to continue");
+            diag!("coli chat: nothing to continue");
             return Ok(());
         };
         let len = held.len();
@@ -158,13 +156,12 @@ impl Chat {
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    check_sampling(args.temperature, args.top_p)?;
     let dir = args.model.resolve()?;
     let mut opts = args.engine.options();
     opts.max_ctx = Some(args.ctx.unwrap_or(super::serve::DEFAULT_CTX_CAP));
     let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
         .with_context(|| format!("loading {}", dir.display()))?;
-    let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
+    let max_ctx = context_len(args.ctx, engine.model.max_positions());
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let loop_cfg = LoopConfig {
         slots: 1,
@@ -188,11 +185,22 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         continuable: false,
         turns: 0,
     };
-    eprintln!(
+    diag!(
         "coli chat: {} (:more continues, :reset starts over, :q quits)",
         dir.display()
     );
-    let mut out = std::io::stdout().lock();
+    // A closed stdout ends the conversation like :q; the loop is stopped and
+    // the usage history written whatever ended it.
+    let talked = converse(&mut chat, &mut super::output::stdout());
+    drop(chat);
+    let stopped = decode.shutdown().context("stopping the decode loop");
+    // After the loop stopped: every fetch it made is counted.
+    super::finish_usage(usage);
+    talked.and(stopped)
+}
+
+/// Turns from stdin until `:q` or EOF.
+fn converse(chat: &mut Chat, out: &mut dyn Write) -> anyhow::Result<()> {
     let mut input = std::io::stdin().lock();
     let mut line = String::new();
     loop {
@@ -208,18 +216,13 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             ":q" | ":quit" => break,
             ":reset" => {
                 chat.reset()?;
-                eprintln!("coli chat: conversation cleared; starting over");
+                diag!("coli chat: conversation cleared; starting over");
             }
-            ":more" => chat.more(&mut out)?,
+            ":more" => chat.more(out)?,
             "" => {}
-            _ => chat.turn(text, &mut out)?,
+            _ => chat.turn(text, out)?,
         }
     }
     out.flush()?;
-    drop(chat);
-    let stopped = decode.shutdown().context("stopping the decode loop");
-    // After the loop stopped: every fetch it made is counted.
-    super::finish_usage(usage);
-    stopped?;
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
+use super::output::diag;
 use crate::catalog;
 use crate::convert::{convert, parse_dense_format, parse_format};
 use crate::progress::{Progress, ProgressPrinter};
@@ -76,7 +77,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
         }
         convert(&input, &output, args.experts, args.dense, progress)?
     };
-    eprintln!(
+    diag!(
         "wrote {} ({} tensors, {} experts, {:.1} MB; experts {}, dense {})",
         report.output.display(),
         report.tensors,
@@ -88,7 +89,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     if output.parent() == catalog::ModelsDir::from_env().ok().as_ref().map(|m| m.root())
         && let Some(name) = output.file_name()
     {
-        eprintln!("run it with --model {}", name.to_string_lossy());
+        diag!("run it with --model {}", name.to_string_lossy());
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! directory's formats and integrity, and the conversation state on disk.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -287,8 +288,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         out.push("model       none given (--model DIR or COLI_MODEL) and no bundled model".into());
     }
     state(&mut out);
+    let mut stdout = super::output::stdout();
     for l in out {
-        println!("{l}");
+        writeln!(stdout, "{l}")?;
     }
     Ok(ok)
 }

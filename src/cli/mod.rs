@@ -10,6 +10,7 @@ pub mod convert;
 pub mod doctor;
 pub mod fit;
 pub mod models;
+pub mod output;
 pub mod plan;
 pub mod run;
 pub mod serve;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
+use self::output::diag;
 use crate::engine::state::{StateError, default_state_dir, prepare_state_dir};
 use crate::engine::usage::{PinMode, UsageRecorder, UsageStart};
 use crate::engine::{Engine, EngineOptions};
@@ -217,7 +219,9 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A count flag (`--cache-cap`, `--max-tokens`, ...): a whole number >= 0.
+/// A count flag (`--cache-cap`, `--queue`, ...): a whole number >= 0. The
+/// flags of a generation request (`--max-tokens`, `--temperature`, ...)
+/// are checked by [`crate::runtime::limits`] instead, as every front end's.
 /// Negative numbers reach this parser (the flags allow them) so that `-1`
 /// gets this message instead of clap's "unexpected argument '-1'".
 pub fn parse_count(s: &str) -> Result<usize, String> {
@@ -287,7 +291,7 @@ pub fn resolve_state_dir(
         ) {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("coli: {e}; {what}");
+                diag!("coli: {e}; {what}");
                 return Ok(None);
             }
         },
@@ -296,7 +300,7 @@ pub fn resolve_state_dir(
         Ok(()) => Ok(Some(dir)),
         Err(e @ StateError::Insecure { .. }) => Err(e.into()),
         Err(e) => {
-            eprintln!(
+            diag!(
                 "coli: cannot use the state directory {} ({e}); {what}",
                 dir.display()
             );
@@ -329,7 +333,7 @@ pub fn start_usage(
             _ => anyhow::Error::new(e).context("starting the usage history"),
         })?;
     if let Some(why) = &start.ignored {
-        eprintln!("coli: ignoring the usage history: {why}; starting a new one");
+        diag!("coli: ignoring the usage history: {why}; starting a new one");
     }
     if start.pinned > 0 {
         tracing::info!(
@@ -347,7 +351,7 @@ pub fn finish_usage(recorder: Option<UsageRecorder>) {
     if let Some(r) = recorder
         && let Err(e) = r.finish()
     {
-        eprintln!("coli: usage history: {e}");
+        diag!("coli: usage history: {e}");
     }
 }
 

@@ -5,6 +5,7 @@ use std::io::Write;
 use clap::Args;
 use serde::Serialize;
 
+use super::output::diag;
 use crate::catalog::{self, Entry, ModelsDir, bundled};
 
 #[derive(Debug, Args)]
@@ -98,7 +99,7 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
     let models = ModelsDir::from_env()?;
     let budget = budget(args.ram_gb)?;
     let rows: Vec<Row> = catalog::list(&models)?.iter().map(|e| row(e, budget)).collect();
-    let mut out = std::io::stdout().lock();
+    let mut out = super::output::stdout();
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
         return Ok(());
@@ -174,7 +175,7 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
         } else {
             ""
         };
-        eprintln!("removed {name} ({}, {}){again}", dir.display(), human(bytes));
+        diag!("removed {name} ({}, {}){again}", dir.display(), human(bytes));
     }
     Ok(())
 }

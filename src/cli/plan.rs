@@ -10,6 +10,7 @@
 //! the cache's share of the experts (uniform routing: random-weight models
 //! route that way; trained models skew, and usually do better).
 
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -91,7 +92,7 @@ pub struct Plan {
 /// model, else what `coli serve` and `coli chat` take by default (the
 /// model's own positions, at most [`DEFAULT_CTX_CAP`]).
 pub fn planned_context(requested: Option<usize>, model_max: usize) -> anyhow::Result<(usize, String)> {
-    let ctx = context_len(requested, model_max)?;
+    let ctx = context_len(requested, model_max);
     let why = match requested {
         Some(n) if n > model_max => format!("--ctx {n}, capped at the model's {model_max} positions"),
         Some(_) => "--ctx".to_string(),
@@ -252,33 +253,38 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let dir = args.model.resolve()?;
     let p = make_plan(&dir, &args)?;
+    let mut out = super::output::stdout();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&p)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&p)?)?;
         return Ok(());
     }
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    println!("model        {} ({})", p.model, p.model_type);
-    println!(
+    writeln!(out, "model        {} ({})", p.model, p.model_type)?;
+    writeln!(
+        out,
         "resident     {:.2} GiB dense weights + {:.2} GiB KV cache ({} slot(s) x {} positions) + {:.2} GiB working set",
         gib(p.dense_bytes),
         gib(p.kv_bytes),
         args.kv_slots.max(1),
         p.ctx,
         gib(WORKING_SET_BYTES)
-    );
-    println!("context      {} positions per slot: {}", p.ctx, p.ctx_source);
-    println!(
+    )?;
+    writeln!(out, "context      {} positions per slot: {}", p.ctx, p.ctx_source)?;
+    writeln!(
+        out,
         "experts      {:.2} GiB in {} experts ({:.1} MB each)",
         gib(p.expert_bytes),
         p.experts,
         p.bytes_per_expert / 1e6
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "budget       {:.2} GiB from {}",
         gib(p.budget_bytes),
         p.budget_source
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "cache        {:.2} GiB for experts: placement {} (expected hit rate {:.0}%{})",
         gib(p.cache_bytes),
         p.placement,
@@ -288,34 +294,39 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         } else {
             ", uniform routing assumed"
         }
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "disk         {:.0} MB/s (probe of {} MB of expert extents)",
         p.disk_bytes_per_sec / 1e6,
         args.probe_mb
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "compute      {:.0} MB/s of expert weights multiplied for one token; memory reads {:.0} MB/s",
         p.compute_bytes_per_sec / 1e6,
         p.memory_bytes_per_sec / 1e6
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "per token    {:.0} MB of weights read, {:.0} MB of them from disk",
         p.bytes_per_token / 1e6,
         p.miss_bytes_per_token / 1e6
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "bounds       compute {:.2} tok/s (memory roofline {:.2}), I/O {}",
         p.compute_tok_per_s,
         p.bytes_per_token.recip() * p.memory_bytes_per_sec.max(p.compute_bytes_per_sec),
         p.io_tok_per_s
             .map_or("none (no reads)".into(), |t| format!("{t:.2} tok/s"))
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "expected     {:.2} .. {:.2} tok/s decode (kernel pace, no overlap .. memory roofline, full overlap)",
         p.tok_per_s_low, p.tok_per_s_high
-    );
-    println!("flags        {}", p.flags.join(" "));
+    )?;
+    writeln!(out, "flags        {}", p.flags.join(" "))?;
     Ok(())
 }
 

@@ -6,10 +6,12 @@ use std::path::Path;
 use anyhow::Context;
 use clap::Args;
 
+use super::output::diag;
 use super::{EngineArgs, ModelArg, parse_ids};
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::Engine;
 use crate::engine::speculative::{DraftMode, SpecOptions, Speculator};
+use crate::runtime::limits;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::StreamDecoder;
 
@@ -27,17 +29,17 @@ pub struct RunArgs {
     /// Prompt as comma-separated token ids.
     #[arg(long)]
     pub prompt_ids: Option<String>,
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = limits::max_tokens)]
     pub max_tokens: usize,
     /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = limits::temperature)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = limits::top_p)]
     pub top_p: f32,
     /// 0 = no top-k cut.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = limits::top_k)]
     pub top_k: usize,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = limits::seed)]
     pub seed: u64,
     /// Print the generated token ids on one line instead of text.
     #[arg(long)]
@@ -120,18 +122,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             args.temperature
         )));
     }
-    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
-        return Err(super::usage(format!(
-            "--temperature must be a finite number >= 0, got {}",
-            args.temperature
-        )));
-    }
-    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
-        return Err(super::usage(format!(
-            "--top-p must be in (0, 1], got {}",
-            args.top_p
-        )));
-    }
     let dir = args.model.resolve()?;
     let mut engine =
         Engine::load_with_progress(&dir, &args.engine.options(), crate::progress::load_progress())
@@ -152,6 +142,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if prompt.is_empty() {
         return Err(super::usage("the prompt is empty"));
     }
+    // The context rule of every front end: the prompt must fit, the reply
+    // stops at the context's end.
+    let ctx = engine.model.max_positions();
+    if !limits::fits_context(prompt.len(), ctx) {
+        let e = crate::runtime::RequestError::ContextExceeded {
+            used: prompt.len(),
+            limit: ctx,
+        };
+        return Err(super::usage(format!("the prompt does not fit: {e}")));
+    }
+    let max_tokens = limits::reply_budget(prompt.len(), args.max_tokens, ctx);
     let mut session = engine.new_session();
     session.spec = args.draft.0.map(|mode| {
         Speculator::new(SpecOptions {
@@ -171,11 +172,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         engine.tokenizer()?;
     }
     let before = engine.profile();
-    let mut out = std::io::stdout().lock();
+    let mut out = super::output::stdout();
     let mut stream = StreamDecoder::new();
     let mut io_err: Option<anyhow::Error> = None;
     let tok_for_stream = if text_mode { engine.tokenizer.take() } else { None };
-    let stats = session.generate(&mut engine, &prompt, args.max_tokens, &mut sampler, &mut |id| {
+    let stats = session.generate(&mut engine, &prompt, max_tokens, &mut sampler, &mut |id| {
         if let Some(tok) = &tok_for_stream {
             match stream.push(tok, id) {
                 Ok(piece) => {
@@ -193,29 +194,28 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         true
     })?;
     engine.tokenizer = tok_for_stream;
-    if let Some(e) = io_err {
-        return Err(e);
-    }
-    if args.ids {
-        let line: Vec<String> = stats.generated.iter().map(|t| t.to_string()).collect();
-        writeln!(out, "{}", line.join(" "))?;
-    } else {
-        writeln!(out)?;
-    }
+    // A stdout that stopped taking the text ends the output, not the run:
+    // the report and the usage history are written all the same.
+    let printed = match io_err {
+        Some(e) => Err(e),
+        None if args.ids => {
+            let line: Vec<String> = stats.generated.iter().map(|t| t.to_string()).collect();
+            writeln!(out, "{}", line.join(" ")).map_err(anyhow::Error::from)
+        }
+        None => writeln!(out).map_err(anyhow::Error::from),
+    };
     if args.engine.profile
         && let (Some(b), Some(a)) = (before, engine.profile())
     {
-        eprint!("{}", crate::engine::profile::report(&stats, &b, &a));
-        eprint!(
-            "{}",
-            crate::engine::profile::memory_report(&engine.memory, crate::engine::peak_rss_bytes())
-        );
+        let report = crate::engine::profile::report(&stats, &b, &a)
+            + &crate::engine::profile::memory_report(&engine.memory, crate::engine::peak_rss_bytes());
+        diag!("{}", report.trim_end_matches('\n'));
     }
     if let Some(spec) = &session.spec {
-        eprintln!("{}", draft_report(spec, &engine));
+        diag!("{}", draft_report(spec, &engine));
     }
     let s = engine.stats();
-    eprintln!(
+    diag!(
         "prompt {} tok, prefill {:.2}s; generated {} tok in {:.2}s ({:.2} tok/s); expert hit rate {:.1}%, {:.1} MB read",
         stats.prompt_tokens,
         stats.prefill_secs,
@@ -226,5 +226,5 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         s.bytes_read as f64 / 1e6
     );
     super::finish_usage(usage);
-    Ok(())
+    printed
 }

@@ -7,9 +7,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
+use super::output::diag;
 use super::{EngineArgs, ModelArg};
 use crate::engine::Engine;
 use crate::http::{Defaults, HttpConfig};
+use crate::runtime::limits;
 use crate::runtime::{DecodeLoop, LoopConfig};
 use crate::serve::batch::{self, BatchConfig};
 use crate::serve::{LoopServer, MAX_KV_SLOTS, ServeConfig, run_serve};
@@ -56,22 +58,22 @@ pub struct ServeArgs {
     pub usage: super::UsageArgs,
     /// Tokens per chat reply, and the cap on PROMPT's max_tokens; with
     /// --http, what a request that names no limit gets.
-    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = limits::max_tokens)]
     pub max_tokens: usize,
     /// Context length per slot (default: the model's, at most 8192).
-    #[arg(long, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, allow_negative_numbers = true, value_parser = limits::context)]
     pub ctx: Option<usize>,
     /// Top-k cut for sampling (0 = none).
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::parse_count)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = limits::top_k)]
     pub top_k: usize,
     /// Sampling temperature for chat lines (PROMPT brings its own); 0 = greedy.
-    #[arg(long, default_value_t = 0.7, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.7, allow_negative_numbers = true, value_parser = limits::temperature)]
     pub temperature: f32,
     /// Nucleus cut for chat lines.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = limits::top_p)]
     pub top_p: f32,
     /// Seed for chat lines (default: a fresh one per reply).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = limits::seed)]
     pub seed: Option<u64>,
     /// Speak the multiplexed protocol (docs/serve-batch-protocol.md): SUBMIT
     /// frames with client ids, several requests in flight at once.
@@ -81,30 +83,17 @@ pub struct ServeArgs {
     pub engine: EngineArgs,
 }
 
-/// The context length: `--ctx` capped by the model, else the model's capped default.
-pub fn context_len(requested: Option<usize>, model_max: usize) -> anyhow::Result<usize> {
+/// The context length: `--ctx` (checked by [`limits::context`]) capped by
+/// the model, else the model's capped default.
+pub fn context_len(requested: Option<usize>, model_max: usize) -> usize {
     match requested {
-        Some(0) => Err(super::usage("--ctx must be positive")),
         Some(n) if n > model_max => {
-            eprintln!("coli: --ctx {n} exceeds the model's {model_max} positions; using {model_max}");
-            Ok(model_max)
+            diag!("coli: --ctx {n} exceeds the model's {model_max} positions; using {model_max}");
+            model_max
         }
-        Some(n) => Ok(n),
-        None => Ok(model_max.min(DEFAULT_CTX_CAP)),
+        Some(n) => n,
+        None => model_max.min(DEFAULT_CTX_CAP),
     }
-}
-
-/// Checks the sampling flags shared by serve and chat.
-pub fn check_sampling(temperature: f32, top_p: f32) -> anyhow::Result<()> {
-    if !(temperature.is_finite() && temperature >= 0.0) {
-        return Err(super::usage(format!(
-            "--temperature must be a finite number >= 0, got {temperature}"
-        )));
-    }
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(super::usage(format!("--top-p must be in (0, 1], got {top_p}")));
-    }
-    Ok(())
 }
 
 /// The state directory when saving is on and the directory can be used;
@@ -121,7 +110,6 @@ fn state_dir(args: &ServeArgs, fingerprint: u64) -> anyhow::Result<Option<PathBu
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    check_sampling(args.temperature, args.top_p)?;
     if args.http.is_some() && args.api_key.as_deref() == Some("") {
         return Err(super::usage("--api-key must not be empty"));
     }
@@ -139,7 +127,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     opts.max_ctx = Some(args.ctx.unwrap_or(DEFAULT_CTX_CAP));
     let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
         .with_context(|| format!("loading {}", dir.display()))?;
-    let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
+    let max_ctx = context_len(args.ctx, engine.model.max_positions());
     let state_dir = state_dir(&args, engine.state_fingerprint())?;
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let loop_cfg = LoopConfig {
@@ -159,7 +147,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_tokens: args.max_tokens,
             seed: args.seed,
         };
-        let served = batch::serve_stdio(decode, &cfg).context("serving --batch");
+        let served = batch::serve_stdio(
+            decode,
+            &cfg,
+            BufWriter::with_capacity(1 << 16, super::output::stdout()),
+            Box::new(std::io::stderr()),
+        )
+        .context("serving --batch");
         super::finish_usage(usage);
         return served;
     }
@@ -183,22 +177,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         (true, Some(d)) => format!("saving to {}", d.display()),
         _ => "saving off".to_string(),
     };
-    eprintln!(
+    diag!(
         "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving})",
         dir.display()
     );
     let stdin = std::io::stdin().lock();
     // The session flushes after every streamed piece and every closing line.
-    let mut out = BufWriter::new(std::io::stdout().lock());
+    let mut out = BufWriter::new(super::output::stdout());
     let mut diag = std::io::stderr();
-    let served = run_serve(stdin, &mut out, &mut diag, &mut server, &cfg);
-    out.flush().context("writing the reply stream")?;
-    served.context("serving")?;
+    // A closed stdout ends the session after it saved every slot; the loop
+    // is stopped and the usage history written whatever ended it.
+    let served = run_serve(stdin, &mut out, &mut diag, &mut server, &cfg)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| out.flush().context("writing the reply stream"))
+        .context("serving");
+    drop(server);
     let stopped = decode.shutdown().context("stopping the decode loop");
     // After the loop stopped: every fetch it made is counted.
     super::finish_usage(usage);
-    stopped?;
-    Ok(())
+    served.and(stopped)
 }
 
 /// `--http`: the HTTP API over the loop until SIGINT/SIGTERM.
@@ -228,11 +225,9 @@ fn serve_http(
     let open = !addr.ip().is_loopback() && args.api_key.is_none();
     crate::http::serve(decode, cfg, |bound| {
         if open {
-            eprintln!(
-                "coli serve: warning: {bound} is reachable from other machines and no --api-key is set"
-            );
+            diag!("coli serve: warning: {bound} is reachable from other machines and no --api-key is set");
         }
-        eprintln!(
+        diag!(
             "coli serve: {} listening on http://{bound} ({slots} slot(s), context {max_ctx}, {saving})",
             dir.display()
         );

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::output::diag;
+
 use crate::convert::{parse_dense_format, parse_format};
 use crate::progress::ProgressPrinter;
 use crate::synth::{SynthSpec, synth};
@@ -71,7 +73,7 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
     let progress = ProgressPrinter::stderr(0);
     let t0 = std::time::Instant::now();
     let report = synth(&spec, &args.output, Some(&progress))?;
-    eprintln!(
+    diag!(
         "wrote {} ({} layers x {} experts, top-{}, hidden {}, {:.1} MB; experts {}, dense {}) in {:.1}s",
         report.output.display(),
         spec.layers,

@@ -1,5 +1,6 @@
 //! `coli validate`: token-exactness against a transformers oracle (REF.json).
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -135,13 +136,14 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<bool> {
     let mut engine =
         Engine::load_with_progress(&dir, &args.engine.options(), crate::progress::load_progress())
             .with_context(|| format!("loading {}", dir.display()))?;
+    let mut out = super::output::stdout();
     let (ok, total) = if args.teacher_forcing {
         let (ok, total) = teacher_forcing(&mut engine, &r)?;
-        println!("Teacher-forcing: {ok}/{total} positions");
+        writeln!(out, "Teacher-forcing: {ok}/{total} positions")?;
         (ok, total)
     } else {
         let (ok, total) = greedy(&mut engine, &r)?;
-        println!("Matching tokens: {ok}/{total}");
+        writeln!(out, "Matching tokens: {ok}/{total}")?;
         (ok, total)
     };
     Ok(total - ok <= args.max_mismatches)

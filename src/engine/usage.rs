@@ -684,7 +684,8 @@ impl UsageRecorder {
                     stop_rx.recv_timeout(FLUSH_EVERY)
                 {
                     if let Err(e) = flusher.flush() {
-                        eprintln!("coli: usage history: {e}");
+                        // Best effort: a closed stderr must not end the thread.
+                        let _ = writeln!(std::io::stderr(), "coli: usage history: {e}");
                     }
                 }
                 flusher.flush()
@@ -726,7 +727,7 @@ impl UsageRecorder {
 impl Drop for UsageRecorder {
     fn drop(&mut self) {
         if let Err(e) = self.stop_and_join() {
-            eprintln!("coli: usage history: {e}");
+            let _ = writeln!(std::io::stderr(), "coli: usage history: {e}");
         }
     }
 }

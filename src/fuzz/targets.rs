@@ -10,6 +10,7 @@ use super::Verdict;
 use super::mutate::{Rng, byte_mutation, json_mutation, number_mutation};
 use crate::model::family::ModelConfig;
 use crate::quant::{ByteStore, QFormat};
+use crate::runtime::limits;
 use crate::serve::batch::codec::{self as batch, Decoder, Item};
 use crate::serve::{Frame, FrameLimits, FrameReader};
 use crate::st::{Dtype, decode_f32, matrix_from_bytes, parse_header};
@@ -365,9 +366,21 @@ fn frame_check(input: &[u8]) -> Verdict {
                     Verdict::Refused
                 };
             }
-            Ok(Frame::Prompt { body, kv_slot, .. }) => {
+            Ok(Frame::Prompt {
+                body,
+                kv_slot,
+                max_tokens,
+                temperature,
+                top_p,
+                ..
+            }) => {
                 if body.len() > 4096 || kv_slot.is_some_and(|s| s >= FRAME_SLOTS) {
                     return Verdict::Broken(format!("PROMPT of {} bytes for slot {kv_slot:?}", body.len()));
+                }
+                if !within_limits(max_tokens, temperature, top_p) {
+                    return Verdict::Broken(format!(
+                        "PROMPT accepted max_tokens {max_tokens}, temperature {temperature}, top_p {top_p}"
+                    ));
                 }
                 prompts += 1;
             }
@@ -375,6 +388,14 @@ fn frame_check(input: &[u8]) -> Verdict {
         }
     }
     Verdict::Broken("the reader stopped consuming input".into())
+}
+
+/// The values an accepted frame carries pass the limits every front end
+/// shares (the decoders must not keep a range of their own).
+fn within_limits(max_tokens: usize, temperature: f32, top_p: f32) -> bool {
+    limits::max_tokens(&max_tokens.to_string()).is_ok()
+        && limits::temperature(&temperature.to_string()).is_ok()
+        && limits::top_p(&top_p.to_string()).is_ok()
 }
 
 // ---- serve --batch frames ---------------------------------------------------
@@ -435,10 +456,7 @@ fn batch_check(input: &[u8]) -> Verdict {
             Item::Submit(s) => {
                 let ok = s.slot < BATCH_SLOTS
                     && s.prompt.len() as u64 <= BATCH_MAX_PAYLOAD
-                    && s.max_tokens >= 1
-                    && (0.0..=2.0).contains(&s.temperature)
-                    && s.top_p > 0.0
-                    && s.top_p <= 1.0;
+                    && within_limits(s.max_tokens, s.temperature, s.top_p);
                 if !ok {
                     return Verdict::Broken(format!("accepted {s:?}"));
                 }

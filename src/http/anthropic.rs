@@ -13,10 +13,11 @@ use serde_json::{Value, json};
 use super::error::{AnthropicError, ApiError};
 use super::generate::{self, Outcome};
 use super::json::{Params, is_off, json_response, parse_object};
-use super::request::{self, Generation, MAX_STOP_SEQUENCES};
+use super::request::{self, Generation};
 use super::sse::{self, Format};
 use super::state::Shared;
 use crate::chat_template::ChatMessage;
+use crate::runtime::limits;
 
 /// The system prompt and the conversation.
 fn conversation(p: &Params) -> Result<Vec<ChatMessage>, ApiError> {
@@ -55,16 +56,8 @@ fn conversation(p: &Params) -> Result<Vec<ChatMessage>, ApiError> {
 
 fn generation(p: &Params, st: &Shared) -> Result<Generation, ApiError> {
     p.str("model")?;
-    let max_tokens = p.required("max_tokens", p.u64("max_tokens"))?;
-    if max_tokens == 0 {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            "'max_tokens' must be at least 1, got 0",
-        ));
-    }
-    let temperature = p.f64_in("temperature", 0.0, false, 1.0)?;
-    let top_p = p.f64_in("top_p", 0.0, true, 1.0)?;
-    let top_k = p.u64("top_k")?;
+    let max_tokens = p.required("max_tokens", p.limit("max_tokens", limits::max_tokens))?;
+    let sampling = request::sampling(p, &st.defaults, false)?;
     p.object("metadata")?;
     p.refuse_unless("tools", is_off, "tools are not supported")?;
     p.refuse_unless(
@@ -73,9 +66,9 @@ fn generation(p: &Params, st: &Shared) -> Result<Generation, ApiError> {
         "extended thinking is not supported",
     )?;
     Ok(Generation {
-        max_tokens: usize::try_from(max_tokens).unwrap_or(usize::MAX),
-        sampling: request::sampling(&st.defaults, temperature, top_p, top_k, None),
-        stop: request::stops(p, "stop_sequences", MAX_STOP_SEQUENCES, false)?,
+        max_tokens,
+        sampling,
+        stop: request::stops(p, "stop_sequences", limits::ANTHROPIC_MAX_STOPS, false)?,
         stream: p.bool("stream")?.unwrap_or(false),
     })
 }

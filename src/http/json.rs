@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use crate::runtime::limits::LimitError;
 
 /// A JSON reply with its content type.
 pub fn json_response(status: StatusCode, body: &Value) -> Response {
@@ -101,16 +102,20 @@ impl<'a> Params<'a> {
         }
     }
 
-    /// A whole number, negative ones too (seeds).
-    pub fn i64_bits(&self, name: &str) -> Result<Option<u64>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .or_else(|| v.as_i64().map(|i| i as u64))
-                .map(Some)
-                .ok_or_else(|| self.bad(name, "an integer", v)),
-        }
+    /// A generation parameter, checked by the limit every front end shares
+    /// ([`crate::runtime::limits`]): the value as JSON writes it goes through
+    /// the parser a flag or a frame field goes through, so the same value
+    /// gets the same words (a string is not a number: `"2"` is refused).
+    pub fn limit<T>(
+        &self,
+        name: &str,
+        check: fn(&str) -> Result<T, LimitError>,
+    ) -> Result<Option<T>, ApiError> {
+        let Some(v) = self.get(name) else { return Ok(None) };
+        check(&v.to_string()).map(Some).map_err(|e| {
+            let full = self.name(name);
+            ApiError::invalid(&full, format!("'{full}' {e}"))
+        })
     }
 
     pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
@@ -228,7 +233,20 @@ mod tests {
         let e = p.f64_in("top_p", 0.0, true, 1.0).err();
         assert_eq!(e.and_then(|e| e.param), Some("top_p".into()));
         assert!(p.u64("n").is_err());
-        assert_eq!(p.i64_bits("seed").ok().flatten(), Some(-5i64 as u64));
+        assert_eq!(
+            p.limit("seed", crate::runtime::limits::seed).ok().flatten(),
+            Some(-5i64 as u64)
+        );
+        let e = p.limit("n", crate::runtime::limits::max_tokens).err();
+        assert_eq!(
+            e.map(|e| e.message),
+            Some("'n' must be a whole number >= 1, got -1".to_string())
+        );
+        let e = p.limit("temperature", crate::runtime::limits::temperature).err();
+        assert_eq!(
+            e.map(|e| e.message),
+            Some("'temperature' must be a number in [0, 2], got \"hot\"".to_string())
+        );
         assert_eq!(p.str("x").ok(), Some(None));
         let inner = obj(json!({"role": 3}));
         let q = Params::at(&inner, "messages[1]");

@@ -12,10 +12,11 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::generate::{self, Outcome};
 use super::json::{Params, is_off, json_response, parse_object};
-use super::request::{self, Defaults, Generation, MAX_STOPS};
+use super::request::{self, Defaults, Generation};
 use super::sse::{self, Format};
 use super::state::{Shared, unix_now};
 use crate::chat_template::ChatMessage;
+use crate::runtime::limits;
 
 /// The parameters both endpoints share, validated.
 struct Call {
@@ -33,17 +34,14 @@ fn call(p: &Params, d: &Defaults, budget_names: &[&str]) -> Result<Call, ApiErro
             format!("only n = 1 is supported, got {n}"),
         ));
     }
-    let temperature = p.f64_in("temperature", 0.0, false, 2.0)?;
-    let top_p = p.f64_in("top_p", 0.0, true, 1.0)?;
-    let top_k = p.u64("top_k")?;
+    let sampling = request::sampling(p, d, true)?;
     // Accepted and ignored (docs/http-api.md), but still checked.
     p.f64_in("presence_penalty", -2.0, false, 2.0)?;
     p.f64_in("frequency_penalty", -2.0, false, 2.0)?;
     p.str("user")?;
     p.refuse_unless("logprobs", is_off, "log probabilities are not supported")?;
     p.refuse_unless("top_logprobs", is_off, "log probabilities are not supported")?;
-    let seed = p.i64_bits("seed")?;
-    let stop = request::stops(p, "stop", MAX_STOPS, true)?;
+    let stop = request::stops(p, "stop", limits::OPENAI_MAX_STOPS, true)?;
     let stream = p.bool("stream")?.unwrap_or(false);
     let include_usage = match p.object("stream_options")? {
         Some(o) => Params::at(o, "stream_options")
@@ -54,7 +52,7 @@ fn call(p: &Params, d: &Defaults, budget_names: &[&str]) -> Result<Call, ApiErro
     Ok(Call {
         generation: Generation {
             max_tokens: request::max_tokens(p, budget_names, d)?,
-            sampling: request::sampling(d, temperature, top_p, top_k, seed),
+            sampling,
             stop,
             stream,
         },

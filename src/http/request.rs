@@ -8,14 +8,9 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::json::Params;
+use crate::runtime::limits;
 use crate::runtime::{GenRequest, PromptMode, SlotChoice};
 use crate::sampling::SamplingParams;
-
-/// Most stop strings one OpenAI request may give.
-pub const MAX_STOPS: usize = 4;
-
-/// Most stop sequences one Anthropic request may give.
-pub const MAX_STOP_SEQUENCES: usize = 16;
 
 /// What a request gets for parameters it does not send (the serve flags).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,34 +58,29 @@ impl Generation {
     }
 }
 
-/// Sampling parameters from what the call gave, else the defaults.
-pub fn sampling(
-    d: &Defaults,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    top_k: Option<u64>,
-    seed: Option<u64>,
-) -> SamplingParams {
-    SamplingParams {
-        temperature: temperature.map_or(d.temperature, |t| t as f32),
-        top_p: top_p.map_or(d.top_p, |p| p as f32),
-        top_k: top_k.map_or(d.top_k, |k| usize::try_from(k).unwrap_or(usize::MAX)),
-        seed: seed.or(d.seed).unwrap_or_else(fresh_seed),
-    }
+/// Sampling parameters from what the call gave (checked by the shared
+/// limits), else the defaults. `seed`: whether the endpoint takes one.
+pub fn sampling(p: &Params, d: &Defaults, seed: bool) -> Result<SamplingParams, ApiError> {
+    let given = if seed {
+        p.limit("seed", limits::seed)?
+    } else {
+        None
+    };
+    Ok(SamplingParams {
+        temperature: p
+            .limit("temperature", limits::temperature)?
+            .unwrap_or(d.temperature),
+        top_p: p.limit("top_p", limits::top_p)?.unwrap_or(d.top_p),
+        top_k: p.limit("top_k", limits::top_k)?.unwrap_or(d.top_k),
+        seed: given.or(d.seed).unwrap_or_else(fresh_seed),
+    })
 }
 
-/// A token budget from the call (at least 1), else the default.
+/// A token budget from the first of `names` the call gives, else the default.
 pub fn max_tokens(p: &Params, names: &[&str], d: &Defaults) -> Result<usize, ApiError> {
     for name in names {
-        if let Some(n) = p.u64(name)? {
-            if n == 0 {
-                let full = p.name(name);
-                return Err(ApiError::invalid(
-                    &full,
-                    format!("'{full}' must be at least 1, got 0"),
-                ));
-            }
-            return Ok(usize::try_from(n).unwrap_or(usize::MAX));
+        if let Some(n) = p.limit(name, limits::max_tokens)? {
+            return Ok(n);
         }
     }
     Ok(d.max_tokens)
@@ -119,13 +109,7 @@ pub fn stops(p: &Params, name: &str, max: usize, allow_single: bool) -> Result<V
             return Err(ApiError::invalid(&full, format!("'{full}' must be {what}")));
         }
     };
-    if list.len() > max {
-        return Err(ApiError::invalid(
-            &full,
-            format!("'{full}' may hold at most {max} strings, got {}", list.len()),
-        ));
-    }
-    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+    limits::stops(list, max).map_err(|e| ApiError::invalid(&full, format!("'{full}' {e}")))
 }
 
 /// Text content: a string, or an array of `{"type": "text", "text": ...}`
@@ -176,6 +160,7 @@ fn fresh_seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::limits::OPENAI_MAX_STOPS as MAX_STOPS;
     use serde_json::{Map, json};
 
     fn obj(v: Value) -> Map<String, Value> {

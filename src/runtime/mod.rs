@@ -1,11 +1,13 @@
 //! The serving runtime: the decode-loop actor (sessions, admission,
 //! sampling, stop rules) and the layer-compute actor (weights, compute
-//! threads, one batched forward step at a time). Front ends submit
+//! threads, one batched forward step at a time), and the [`limits`] every
+//! front end checks a request's values against. Front ends submit
 //! [`GenRequest`]s through a [`LoopHandle`] and read [`Event`]s back; the
 //! engine below never depends on a front end.
 
 pub mod compute;
 pub mod decode_loop;
+pub mod limits;
 pub mod request;
 pub mod stop;
 

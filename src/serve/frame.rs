@@ -8,6 +8,8 @@
 
 use std::io::{self, BufRead};
 
+use crate::runtime::limits::{self, LimitError};
+
 /// Largest PROMPT body accepted (the contract's 16 MiB).
 pub const MAX_PROMPT_BYTES: usize = 16 << 20;
 
@@ -256,6 +258,11 @@ fn parse_len(f: &[u8], max: usize) -> Result<usize, String> {
     }
 }
 
+/// A field checked by its shared limit; the reason names the field.
+fn checked<T>(name: &str, f: &[u8], check: fn(&str) -> Result<T, LimitError>) -> Result<T, String> {
+    check(field_str(name, f)?).map_err(|e| format!("{name} {e}"))
+}
+
 struct PromptParams {
     max_tokens: usize,
     temperature: f32,
@@ -274,21 +281,9 @@ fn parse_fields(f: &[&[u8]], kv_slots: usize) -> Result<PromptParams, String> {
     if f.len() > 5 {
         return Err(format!("has {} fields, at most 6 are allowed", f.len() + 1));
     }
-    let mt = field_str("max_tokens", f[0])?;
-    let max_tokens = match mt.parse::<u64>() {
-        Ok(n) if n >= 1 => usize::try_from(n).unwrap_or(usize::MAX),
-        _ => return Err(format!("max_tokens {} must be an integer >= 1", show(f[0]))),
-    };
-    let ts = field_str("temperature", f[1])?;
-    let temperature = match ts.parse::<f64>() {
-        Ok(t) if t.is_finite() && (0.0..=2.0).contains(&t) => t as f32,
-        _ => return Err(format!("temperature {} must be a number in [0, 2]", show(f[1]))),
-    };
-    let ps = field_str("top_p", f[2])?;
-    let top_p = match ps.parse::<f64>() {
-        Ok(p) if p.is_finite() && p > 0.0 && p <= 1.0 => p as f32,
-        _ => return Err(format!("top_p {} must be a number in (0, 1]", show(f[2]))),
-    };
+    let max_tokens = checked("max_tokens", f[0], limits::max_tokens)?;
+    let temperature = checked("temperature", f[1], limits::temperature)?;
+    let top_p = checked("top_p", f[2], limits::top_p)?;
     let kv_slot = match f.get(3) {
         None => None,
         Some(s) => match field_str("kv_slot", s)?.parse::<usize>() {
@@ -298,10 +293,7 @@ fn parse_fields(f: &[&[u8]], kv_slots: usize) -> Result<PromptParams, String> {
     };
     let seed = match f.get(4) {
         None => None,
-        Some(s) => match field_str("seed", s)?.parse::<u64>() {
-            Ok(v) => Some(v),
-            Err(_) => return Err(format!("seed {} must be an unsigned integer", show(s))),
-        },
+        Some(s) => Some(checked("seed", s, limits::seed)?),
     };
     Ok(PromptParams {
         max_tokens,

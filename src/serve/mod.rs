@@ -37,11 +37,15 @@
 //!   UTF-8, or that the engine refuses to tokenize/render): the reason goes to
 //!   the diagnostics stream; END + `STAT 0 0.00 0.0 <rss> 0 0`.
 //! - **EOF**: [`ServeEngine::persist`] for every slot, then
-//!   [`ServeEngine::finish`]; `Ok(())`.
+//!   [`ServeEngine::finish`]; `Ok(())`. A reply stream that fails (the
+//!   client closed stdout) ends the session the same way, then its error is
+//!   returned.
 //!
-//! The generation budget of a reply is `min(max_tokens, max_ctx - len - 2)`
-//! where `len` counts the slot's tokens after the prefill; `length_limited`
-//! is `emitted >= budget`, exactly as upstream.
+//! The generation budget of a reply is
+//! [`limits::reply_budget`](crate::runtime::limits::reply_budget)`(len,
+//! max_tokens, max_ctx)`, `min(max_tokens, max_ctx - len - 2)`, where `len`
+//! counts the slot's tokens after the prefill; `length_limited` is
+//! `emitted >= budget`, exactly as upstream.
 
 pub mod batch;
 mod error;

@@ -8,6 +8,7 @@ use super::error::ServeError;
 use super::frame::{Frame, FrameLimits, FrameReader, MAX_PROMPT_BYTES};
 use super::reply;
 use crate::chat_template::ChatMessage;
+use crate::runtime::limits;
 
 /// Positions kept free at the end of the context (upstream's margin).
 const CTX_RESERVE: usize = 8;
@@ -352,9 +353,7 @@ impl<E: ServeEngine> Session<'_, E> {
         close: Close,
     ) -> Result<String, ServeError> {
         let len_after = self.engine.slot_tokens(slot).len() + tokens.len();
-        let budget = params
-            .max_tokens
-            .min(self.cfg.max_ctx.saturating_sub(len_after + 2));
+        let budget = limits::reply_budget(len_after, params.max_tokens, self.cfg.max_ctx);
         let call = GenParams {
             max_tokens: budget,
             ..params
@@ -413,6 +412,8 @@ impl<E: ServeEngine> Session<'_, E> {
 /// `diag` receives the reasons for refused frames (stderr in `coli serve`).
 /// Returns `Ok(())` at EOF after persisting every slot; errors are I/O on the
 /// streams or engine failures (a generation failure still closes its reply).
+/// A write error on `out` ends the session like EOF (every slot persisted)
+/// and is then returned.
 pub fn run_serve<R: BufRead, E: ServeEngine>(
     input: R,
     out: &mut dyn Write,
@@ -443,15 +444,22 @@ pub fn run_serve<R: BufRead, E: ServeEngine>(
     let rss = s.rss();
     reply::ready(s.out, rss).map_err(ServeError::Output)?;
     s.flush()?;
-    loop {
+    let ended = loop {
         let frame = reader.next_frame().map_err(ServeError::Input)?;
         if frame == Frame::Eof {
-            break;
+            break Ok(());
         }
-        s.handle(frame)?;
-    }
+        match s.handle(frame) {
+            Ok(()) => {}
+            // Nobody reads the replies any more: the conversations are
+            // still the client's, so they are saved as at EOF.
+            Err(e @ ServeError::Output(_)) => break Err(e),
+            Err(e) => return Err(e),
+        }
+    };
     for slot in 0..cfg.kv_slots {
         s.engine.persist(slot).map_err(engine_err("persisting at EOF"))?;
     }
-    s.engine.finish().map_err(engine_err("finishing at EOF"))
+    s.engine.finish().map_err(engine_err("finishing at EOF"))?;
+    ended
 }

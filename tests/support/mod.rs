@@ -1,9 +1,11 @@
 //! Drives the real `coli` binary as a subprocess, every read bounded in time.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::io::{Read, Write};
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -28,6 +30,113 @@ pub fn olmoe_fixture() -> PathBuf {
 
 pub fn coli() -> &'static str {
     env!("CARGO_BIN_EXE_coli")
+}
+
+/// A `coli` command that cannot touch the user's files: HOME, the XDG
+/// state, data and cache directories and the models directory
+/// (`COLI_MODELS`) all lie in a temporary directory of its own, removed when
+/// this command and every child it spawned are gone; `COLI_MODEL` and
+/// `RUST_LOG` from the environment are removed. Every test that runs `coli`
+/// starts it through this (an explicit `--state-dir` is still honoured).
+/// Builder methods return `&mut Self` (not the `Command` inside) so a
+/// spawned child always keeps the directory alive.
+pub struct ColiCommand {
+    cmd: Command,
+    home: Arc<tempfile::TempDir>,
+}
+
+/// A fresh [`ColiCommand`].
+pub fn coli_command() -> ColiCommand {
+    let home = Arc::new(tempfile::tempdir().expect("a temporary HOME for coli"));
+    let root = home.path();
+    let mut cmd = Command::new(coli());
+    cmd.env("HOME", root)
+        .env("XDG_STATE_HOME", root.join("state"))
+        .env("XDG_DATA_HOME", root.join("data"))
+        .env("XDG_CACHE_HOME", root.join("cache"))
+        .env("COLI_MODELS", root.join("models"))
+        .env_remove("COLI_MODEL")
+        .env_remove("RUST_LOG");
+    ColiCommand { cmd, home }
+}
+
+impl ColiCommand {
+    /// The temporary directory HOME and the others point into.
+    pub fn home(&self) -> &Path {
+        self.home.path()
+    }
+
+    pub fn arg(&mut self, a: impl AsRef<OsStr>) -> &mut Self {
+        self.cmd.arg(a);
+        self
+    }
+
+    pub fn args<S: AsRef<OsStr>>(&mut self, args: impl IntoIterator<Item = S>) -> &mut Self {
+        self.cmd.args(args);
+        self
+    }
+
+    pub fn env(&mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> &mut Self {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn env_remove(&mut self, k: impl AsRef<OsStr>) -> &mut Self {
+        self.cmd.env_remove(k);
+        self
+    }
+
+    pub fn stdin(&mut self, s: Stdio) -> &mut Self {
+        self.cmd.stdin(s);
+        self
+    }
+
+    pub fn stdout(&mut self, s: Stdio) -> &mut Self {
+        self.cmd.stdout(s);
+        self
+    }
+
+    pub fn stderr(&mut self, s: Stdio) -> &mut Self {
+        self.cmd.stderr(s);
+        self
+    }
+
+    /// Runs to the end (stdin, unless set, is empty), capturing stdout and stderr.
+    pub fn output(&mut self) -> Output {
+        self.cmd.output().expect("running coli")
+    }
+
+    pub fn spawn(&mut self) -> ColiChild {
+        ColiChild {
+            child: self.cmd.spawn().expect("spawning coli"),
+            _home: self.home.clone(),
+        }
+    }
+}
+
+/// A running `coli` and the temporary directory of its [`ColiCommand`].
+pub struct ColiChild {
+    child: Child,
+    _home: Arc<tempfile::TempDir>,
+}
+
+impl ColiChild {
+    pub fn wait_with_output(self) -> Output {
+        self.child.wait_with_output().expect("waiting for coli")
+    }
+}
+
+impl Deref for ColiChild {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl DerefMut for ColiChild {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
 }
 
 /// One reply: the bytes before END and the STAT fields after it.
@@ -59,7 +168,7 @@ impl Reply {
 
 /// A running `coli serve`.
 pub struct Server {
-    child: Child,
+    child: ColiChild,
     stdin: Option<ChildStdin>,
     rx: Receiver<Vec<u8>>,
     buf: Vec<u8>,
@@ -88,17 +197,15 @@ fn drain<R: Read + Send + 'static>(
     })
 }
 
-/// Starts `coli ARGS...` with piped stdin, stdout and stderr and no
-/// `COLI_MODEL` from the environment.
-pub fn spawn_coli<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> Child {
-    Command::new(coli())
+/// Starts `coli ARGS...` (a [`coli_command`]) with piped stdin, stdout and
+/// stderr.
+pub fn spawn_coli<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> ColiChild {
+    coli_command()
         .args(args)
-        .env_remove("COLI_MODEL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawning coli")
 }
 
 impl Server {
@@ -118,17 +225,16 @@ impl Server {
 
     /// Starts a prepared `coli` command (arguments, environment) with piped
     /// stdio (no READY read yet).
-    pub fn from_command(mut cmd: Command) -> Server {
+    pub fn from_command(mut cmd: ColiCommand) -> Server {
         let child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning coli");
+            .spawn();
         Self::attach(child)
     }
 
-    fn attach(mut child: Child) -> Server {
+    fn attach(mut child: ColiChild) -> Server {
         let stdin = child.stdin.take();
         let (tx, rx) = channel();
         if let Some(out) = child.stdout.take() {

@@ -24,6 +24,7 @@ use crate::engine::SlotStore;
 use crate::model::expert::ExpertWeights;
 use crate::model::lm::Logits;
 use crate::runtime::compute::{ComputeHandle, Step, StepDone, StepItem};
+use crate::runtime::limits;
 use crate::runtime::request::{
     Event, FinishReason, GenRequest, PromptMode, RequestError, RequestId, SlotChoice, Usage,
 };
@@ -65,9 +66,6 @@ pub(super) struct LoopActor {
     pub shutdown: Option<Reply<()>>,
     pub flushes: Vec<Reply<()>>,
 }
-
-/// Positions kept free at the end of the context.
-const CTX_MARGIN: usize = 2;
 
 impl LoopActor {
     pub fn run(mut self) {
@@ -230,7 +228,7 @@ impl LoopActor {
         if req.prompt.is_empty() && req.mode == PromptMode::Replace {
             return refuse(RequestError::EmptyPrompt);
         }
-        if req.prompt.len() + CTX_MARGIN > self.limits.max_ctx {
+        if !limits::fits_context(req.prompt.len(), self.limits.max_ctx) {
             return refuse(RequestError::ContextExceeded {
                 used: req.prompt.len(),
                 limit: self.limits.max_ctx,
@@ -288,7 +286,7 @@ impl LoopActor {
             PromptMode::Replace => req.prompt.len(),
             PromptMode::Append => session.tokens.len() + req.prompt.len(),
         };
-        if held_after + CTX_MARGIN > self.limits.max_ctx {
+        if !limits::fits_context(held_after, self.limits.max_ctx) {
             let _ = events.send(Event::Failed(RequestError::ContextExceeded {
                 used: held_after,
                 limit: self.limits.max_ctx,
@@ -321,7 +319,7 @@ impl LoopActor {
         }
         let held = session.tokens.len();
         let prefill = held - session.kv.len();
-        let budget = req.max_tokens.min(self.limits.max_ctx - held - CTX_MARGIN);
+        let budget = limits::reply_budget(held, req.max_tokens, self.limits.max_ctx);
         if let Some(len) = truncated_to {
             self.with_store(|st| st.truncate(slot, len));
         }

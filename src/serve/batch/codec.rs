@@ -16,6 +16,8 @@
 //!
 //! Lines whose first field is not a command are ignored, as are empty lines.
 
+use crate::runtime::limits::{self, LimitError};
+
 /// Longest header line, `\r` included, `\n` excluded.
 pub const MAX_HEADER: usize = 4096;
 /// Largest prompt payload.
@@ -50,7 +52,7 @@ impl Limits {
 pub struct Submit {
     pub id: String,
     pub slot: usize,
-    pub max_tokens: u32,
+    pub max_tokens: usize,
     pub temperature: f32,
     pub top_p: f32,
     /// The payload: the whole prompt, as bytes.
@@ -86,11 +88,23 @@ pub enum Item {
     /// `IMAGE <id> ...`: a well-formed image frame (its payload was skipped).
     Image(String),
     /// A frame that was consumed and must be answered with an error; `id` is
-    /// None when the header carried no usable id.
+    /// None when the header carried no usable id. `reason` says what was
+    /// wrong, for the log (the ERROR frame carries only the code).
     Rejected {
         id: Option<String>,
         why: Reject,
+        reason: String,
     },
+}
+
+impl Item {
+    fn rejected(id: Option<String>, why: Reject, reason: impl Into<String>) -> Item {
+        Item::Rejected {
+            id,
+            why,
+            reason: reason.into(),
+        }
+    }
 }
 
 /// What a payload being read will turn into once its `\n` arrives.
@@ -99,7 +113,10 @@ enum Pending {
     Submit(Submit),
     Image(String),
     /// A refused frame: the payload is skipped, then BAD_REQUEST.
-    Refused(Option<String>),
+    Refused {
+        id: Option<String>,
+        reason: String,
+    },
 }
 
 impl Pending {
@@ -107,7 +124,7 @@ impl Pending {
         match self {
             Pending::Submit(s) => Some(s.id.clone()),
             Pending::Image(id) => Some(id.clone()),
-            Pending::Refused(id) => id.clone(),
+            Pending::Refused { id, .. } => id.clone(),
         }
     }
 
@@ -115,10 +132,7 @@ impl Pending {
         match self {
             Pending::Submit(s) => Item::Submit(s),
             Pending::Image(id) => Item::Image(id),
-            Pending::Refused(id) => Item::Rejected {
-                id,
-                why: Reject::BadRequest,
-            },
+            Pending::Refused { id, reason } => Item::rejected(id, Reject::BadRequest, reason),
         }
     }
 }
@@ -196,10 +210,6 @@ fn parse_i32(field: &[u8]) -> Option<i32> {
     text(field)?.parse().ok()
 }
 
-fn parse_f32(field: &[u8]) -> Option<f32> {
-    text(field)?.parse().ok()
-}
-
 /// What a line that overflowed says about itself: Some when it starts with a
 /// command (then the id, when the truncated line has a valid one).
 fn classify(line: &[u8]) -> Option<Option<String>> {
@@ -251,10 +261,11 @@ impl Decoder {
                 State::Overlong { known } => match input.iter().position(|&b| b == b'\n') {
                     Some(i) => {
                         if let Some(id) = known {
-                            out.push(Item::Rejected {
+                            out.push(Item::rejected(
                                 id,
-                                why: Reject::BadRequest,
-                            });
+                                Reject::BadRequest,
+                                format!("the header line is longer than {MAX_HEADER} bytes"),
+                            ));
                         }
                         input = &input[i + 1..];
                     }
@@ -283,10 +294,11 @@ impl Decoder {
                         b'\n' => out.push(pending.into_item()),
                         b'\r' if !cr => self.state = State::Close { pending, cr: true },
                         _ => {
-                            out.push(Item::Rejected {
-                                id: pending.id(),
-                                why: Reject::BadFrame,
-                            });
+                            out.push(Item::rejected(
+                                pending.id(),
+                                Reject::BadFrame,
+                                "the payload is not followed by a newline",
+                            ));
                             self.state = State::Resync;
                         }
                     }
@@ -311,10 +323,11 @@ impl Decoder {
             State::Payload { pending, .. } | State::Close { pending, .. } => pending.id(),
             State::Resync => return None,
         };
-        Some(Item::Rejected {
+        Some(Item::rejected(
             id,
-            why: Reject::BadFrame,
-        })
+            Reject::BadFrame,
+            "the input ended inside a frame",
+        ))
     }
 
     /// Moves to reading `len` payload bytes for `pending` (or straight to
@@ -339,37 +352,45 @@ impl Decoder {
             Command::Stop | Command::Cancel => out.push(match (f.len(), id) {
                 (2, Some(id)) if cmd == Command::Stop => Item::Stop(id),
                 (2, Some(id)) => Item::Cancel(id),
-                (_, id) => Item::Rejected {
-                    id,
-                    why: Reject::BadRequest,
-                },
+                (2, None) => Item::rejected(None, Reject::BadRequest, bad_id()),
+                (n, id) => Item::rejected(id, Reject::BadRequest, format!("needs 2 fields, got {n}")),
             }),
             Command::Image => {
                 let Some(len) = f.get(2).and_then(|x| parse_u64(x)) else {
-                    return out.push(Item::Rejected {
+                    return out.push(Item::rejected(
                         id,
-                        why: Reject::BadRequest,
-                    });
+                        Reject::BadRequest,
+                        "the byte count does not parse",
+                    ));
                 };
                 let grid = |i: usize| f.get(i).and_then(|x| parse_i32(x)).is_some_and(|g| g >= 1);
                 let pending = match id {
                     Some(id) if f.len() == 5 && len <= self.limits.max_payload && grid(3) && grid(4) => {
                         Pending::Image(id)
                     }
-                    id => Pending::Refused(id),
+                    None => Pending::Refused {
+                        id: None,
+                        reason: bad_id(),
+                    },
+                    id => Pending::Refused {
+                        id,
+                        reason: "needs <bytes> within the payload limit and a grid of whole numbers >= 1"
+                            .into(),
+                    },
                 };
                 self.expect_payload(len, pending);
             }
             Command::Submit => {
                 let Some(len) = submit_length(&f) else {
-                    return out.push(Item::Rejected {
+                    return out.push(Item::rejected(
                         id,
-                        why: Reject::BadRequest,
-                    });
+                        Reject::BadRequest,
+                        "a byte count does not parse",
+                    ));
                 };
                 let pending = match self.submit(&f, id.clone()) {
-                    Some(s) => Pending::Submit(s),
-                    None => Pending::Refused(id),
+                    Ok(s) => Pending::Submit(s),
+                    Err(reason) => Pending::Refused { id, reason },
                 };
                 self.expect_payload(len, pending);
             }
@@ -377,41 +398,48 @@ impl Decoder {
     }
 
     /// The `SUBMIT` header's fields as a request (its prompt still empty),
-    /// or None when anything is wrong or unsupported.
-    fn submit(&self, f: &[&[u8]], id: Option<String>) -> Option<Submit> {
-        let id = id?;
+    /// or why it is refused. The sampling fields are checked by the limits
+    /// every front end shares.
+    fn submit(&self, f: &[&[u8]], id: Option<String>) -> Result<Submit, String> {
+        let id = id.ok_or_else(bad_id)?;
         if f.len() < SUBMIT_FIELDS || f.len() > SUBMIT_MAX_FIELDS {
-            return None;
+            return Err(format!(
+                "needs {SUBMIT_FIELDS} to {SUBMIT_MAX_FIELDS} fields, got {}",
+                f.len()
+            ));
         }
         // key=value extension tokens (per-token logprobs, token-id prompts,
         // ...) are not supported: any refuses the request.
         if f[SUBMIT_FIELDS..].iter().any(|x| x.contains(&b'=')) {
-            return None;
+            return Err("key=value fields are not supported".into());
         }
-        let slot = usize::try_from(parse_i32(f[2])?).ok()?;
-        let bytes = parse_u64(f[3])?;
-        let max_tokens = u32::try_from(parse_i32(f[4])?).ok()?;
-        let temperature = parse_f32(f[5])?;
-        let top_p = parse_f32(f[6])?;
+        let slot = parse_i32(f[2])
+            .and_then(|s| usize::try_from(s).ok())
+            .filter(|&s| s < self.limits.slots)
+            .ok_or_else(|| format!("slot must be a whole number below {}", self.limits.slots))?;
+        let bytes = parse_u64(f[3]).unwrap_or(u64::MAX);
+        if bytes > self.limits.max_payload {
+            return Err(format!(
+                "the prompt exceeds the {} byte limit",
+                self.limits.max_payload
+            ));
+        }
+        let max_tokens = checked("max_tokens", f[4], limits::max_tokens)?;
+        let temperature = checked("temperature", f[5], limits::temperature)?;
+        let top_p = checked("top_p", f[6], limits::top_p)?;
         // Extra payload bytes after the prompt (a grammar upstream): only 0.
         if let Some(x) = f.get(7)
-            && parse_u64(x)? != 0
+            && parse_u64(x) != Some(0)
         {
-            return None;
+            return Err("extra payload bytes (grammars) are not supported".into());
         }
         // The prefix-length hint: accepted and unused (prefix reuse is automatic).
-        if let Some(x) = f.get(8) {
-            parse_i32(x)?;
+        if let Some(x) = f.get(8)
+            && parse_i32(x).is_none()
+        {
+            return Err("the prefix hint must be an integer".into());
         }
-        let ok = slot < self.limits.slots
-            && bytes <= self.limits.max_payload
-            && max_tokens >= 1
-            && temperature.is_finite()
-            && (0.0..=2.0).contains(&temperature)
-            && top_p.is_finite()
-            && top_p > 0.0
-            && top_p <= 1.0;
-        ok.then(|| Submit {
+        Ok(Submit {
             id,
             slot,
             max_tokens,
@@ -420,6 +448,17 @@ impl Decoder {
             prompt: Vec::with_capacity(usize::try_from(bytes.min(1 << 16)).unwrap_or(0)),
         })
     }
+}
+
+/// Why a frame without a usable id is refused.
+fn bad_id() -> String {
+    format!("the id must be 1 to {MAX_ID} visible ASCII bytes, not 0")
+}
+
+/// A field checked by its shared limit; the reason names the field.
+fn checked<T>(name: &str, f: &[u8], check: fn(&str) -> Result<T, LimitError>) -> Result<T, String> {
+    let text = text(f).ok_or_else(|| format!("{name} is not text"))?;
+    check(text).map_err(|e| format!("{name} {e}"))
 }
 
 /// Payload bytes a `SUBMIT` header declares (prompt plus the optional extra
@@ -439,7 +478,7 @@ fn submit_length(f: &[&[u8]]) -> Option<u64> {
 pub fn submit_frame(
     id: &str,
     slot: usize,
-    max_tokens: u32,
+    max_tokens: usize,
     temperature: f32,
     top_p: f32,
     prompt: &[u8],

@@ -20,7 +20,40 @@ fn decode_chunked(input: &[u8], sizes: &[usize]) -> Vec<Item> {
         i += 1;
     }
     out.extend(d.finish());
-    out
+    without_reasons(out)
+}
+
+/// The items with the reasons of refusals left out (examples compare codes;
+/// `refusals_say_why` checks reasons).
+fn without_reasons(items: Vec<Item>) -> Vec<Item> {
+    items
+        .into_iter()
+        .map(|i| match i {
+            Item::Rejected { id, why, .. } => Item::Rejected {
+                id,
+                why,
+                reason: String::new(),
+            },
+            i => i,
+        })
+        .collect()
+}
+
+/// The reason of the one refusal in `input`.
+fn reason(input: &[u8]) -> String {
+    let mut d = Decoder::new(Limits::new(4));
+    let mut out = Vec::new();
+    d.push(input, &mut out);
+    out.extend(d.finish());
+    let reasons: Vec<String> = out
+        .into_iter()
+        .filter_map(|i| match i {
+            Item::Rejected { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    reasons[0].clone()
 }
 
 fn submit(id: &str, slot: usize, prompt: &[u8]) -> Item {
@@ -38,6 +71,7 @@ fn rejected(id: Option<&str>, why: Reject) -> Item {
     Item::Rejected {
         id: id.map(str::to_string),
         why,
+        reason: String::new(),
     }
 }
 
@@ -98,9 +132,28 @@ fn refused_submit_has_its_payload_skipped() {
     let mut out = Vec::new();
     d.push(b"SUBMIT 5 0 3 8 0 1\nabc\nSTOP 5\n", &mut out);
     assert_eq!(
-        out,
+        without_reasons(out),
         vec![rejected(Some("5"), Reject::BadRequest), Item::Stop("5".into())]
     );
+}
+
+#[test]
+fn refusals_say_why_in_the_shared_words() {
+    let r = reason(b"SUBMIT 5 0 1 0 0 1\nx\n");
+    assert_eq!(r, "max_tokens must be a whole number >= 1, got 0");
+    assert_eq!(
+        reason(b"SUBMIT 5 0 1 8 3 1\nx\n"),
+        "temperature must be a number in [0, 2], got 3"
+    );
+    assert_eq!(
+        reason(b"SUBMIT 5 0 1 8 0 0\nx\n"),
+        "top_p must be a number in (0, 1], got 0"
+    );
+    assert!(reason(b"SUBMIT 5 9 1 8 0 1\nx\n").contains("slot"));
+    assert!(reason(b"SUBMIT 0 0 1 8 0 1\nx\n").contains("id"));
+    assert!(reason(b"SUBMIT 5 0 1 8 0 1 0 logprobs=1\nx\n").contains("key=value"));
+    assert!(reason(b"SUBMIT 5 0 1 8 0 1\nxY").contains("newline"));
+    assert!(reason(b"SUBMIT 5 0 4 8 0 1\nx").contains("ended"));
 }
 
 #[test]
@@ -214,7 +267,7 @@ fn valid() -> impl Strategy<Value = Valid> {
         (
             id(),
             0usize..4,
-            1u32..100_000,
+            1usize..100_000,
             0.0f32..=2.0,
             0.001f32..=1.0,
             proptest::collection::vec(any::<u8>(), 0..200)

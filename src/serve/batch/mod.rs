@@ -14,30 +14,35 @@ pub mod reply;
 mod session;
 mod writer;
 
-use std::io::BufWriter;
+use std::io::Write;
 
 pub use session::{BatchConfig, BatchError, run_session};
 
 use crate::runtime::DecodeLoop;
 
-/// Serves the protocol on this process's stdin and stdout until stdin ends,
-/// lets every request in flight finish, then shuts the loop down.
-pub fn serve_stdio(decode: DecodeLoop, cfg: &BatchConfig) -> Result<(), BatchError> {
+/// Serves the protocol on this process's stdin, replying on `output` (the
+/// process's stdout) with reasons and logs on `diag` (its stderr), until
+/// stdin ends; lets every request in flight finish, then shuts the loop
+/// down. A failed `output` ends the session the same way (the slots are
+/// saved) and is then the error returned.
+pub fn serve_stdio(
+    decode: DecodeLoop,
+    cfg: &BatchConfig,
+    output: impl Write + Send + 'static,
+    mut diag: Box<dyn Write + Send>,
+) -> Result<(), BatchError> {
     let handle = decode.handle();
     let info = handle.info();
-    eprintln!(
+    // Diagnostics are best effort: a closed stderr must not stop serving.
+    let _ = writeln!(
+        diag,
         "coli serve --batch: {} ready ({} slot(s), context {}, saving {})",
         info.dir.display(),
         info.slots,
         info.max_ctx,
         if info.saving { "on" } else { "off" }
     );
-    let served = run_session(
-        &handle,
-        std::io::stdin().lock(),
-        BufWriter::with_capacity(1 << 16, std::io::stdout()),
-        cfg,
-    );
+    let served = run_session(&handle, std::io::stdin().lock(), output, &mut *diag, cfg);
     drop(handle);
     let stopped = decode.shutdown().map_err(BatchError::Shutdown);
     served.and(stopped)

@@ -55,12 +55,14 @@ fn fresh_seed(serial: u64) -> u64 {
 }
 
 /// Runs the protocol over `input` and `output` until `input` ends, then
-/// waits for every request in flight to finish. Writes READY first. The loop
-/// behind `handle` keeps running (the caller shuts it down).
+/// waits for every request in flight to finish. Writes READY first; why a
+/// frame was refused goes to `diag` (the ERROR frame carries only the code).
+/// The loop behind `handle` keeps running (the caller shuts it down).
 pub fn run_session<W: Write + Send + 'static>(
     handle: &LoopHandle,
     input: impl Read,
     mut output: W,
+    diag: &mut dyn Write,
     cfg: &BatchConfig,
 ) -> Result<(), BatchError> {
     output
@@ -92,6 +94,7 @@ pub fn run_session<W: Write + Send + 'static>(
     let mut reader = Reader {
         handle,
         cfg,
+        diag,
         table: table.clone(),
         tx,
         broken: broken.clone(),
@@ -121,6 +124,7 @@ pub fn run_session<W: Write + Send + 'static>(
 struct Reader<'a> {
     handle: &'a LoopHandle,
     cfg: &'a BatchConfig,
+    diag: &'a mut dyn Write,
     table: Arc<Table>,
     tx: flume::Sender<Out>,
     broken: Arc<AtomicBool>,
@@ -166,18 +170,29 @@ impl Reader<'_> {
         self.send(reply::error(id, code));
     }
 
+    /// An ERROR frame for a refused request, and the reason on `diag`.
+    fn refuse(&mut self, id: Option<&str>, code: &Code, reason: &str) {
+        // Diagnostics are best effort: a closed stderr must not stop serving.
+        let _ = writeln!(
+            self.diag,
+            "coli serve --batch: request {} refused: {reason}",
+            id.unwrap_or("0")
+        );
+        self.error(id, code);
+    }
+
     fn on_item(&mut self, item: Item) -> Result<(), BatchError> {
         match item {
             Item::Submit(s) => return self.submit(s),
             Item::Stop(id) => self.end(&id, INTENT_STOP),
             Item::Cancel(id) => self.end(&id, INTENT_CANCEL),
             Item::Image(id) => self.last_image = Some(id),
-            Item::Rejected { id, why } => {
+            Item::Rejected { id, why, reason } => {
                 let code = match why {
                     super::codec::Reject::BadRequest => Code::BadRequest,
                     super::codec::Reject::BadFrame => Code::BadFrame,
                 };
-                self.error(id.as_deref(), &code);
+                self.refuse(id.as_deref(), &code, &reason);
             }
         }
         Ok(())
@@ -193,7 +208,7 @@ impl Reader<'_> {
         let id = s.id;
         if self.last_image.take().is_some_and(|img| img == id) {
             // Images are not supported: the request they belong to is refused.
-            self.error(Some(&id), &Code::BadRequest);
+            self.refuse(Some(&id), &Code::BadRequest, "images are not supported");
             return Ok(());
         }
         if self.table.contains(&id) {
@@ -202,12 +217,19 @@ impl Reader<'_> {
         }
         let info = self.handle.info();
         let Ok(text) = std::str::from_utf8(&s.prompt) else {
-            self.error(Some(&id), &Code::BadRequest);
+            self.refuse(Some(&id), &Code::BadRequest, "the prompt is not UTF-8");
             return Ok(());
         };
-        let Some(Ok(prompt)) = info.tokenizer.as_ref().map(|t| t.encode(text)) else {
-            self.error(Some(&id), &Code::BadRequest);
-            return Ok(());
+        let prompt = match info.tokenizer.as_ref().map(|t| t.encode(text)) {
+            Some(Ok(p)) => p,
+            Some(Err(e)) => {
+                self.refuse(Some(&id), &Code::BadRequest, &format!("tokenizing failed: {e}"));
+                return Ok(());
+            }
+            None => {
+                self.refuse(Some(&id), &Code::BadRequest, "the model has no tokenizer");
+                return Ok(());
+            }
         };
         self.serial += 1;
         let serial = self.serial;
@@ -216,7 +238,7 @@ impl Reader<'_> {
             slot: SlotChoice::Exact(s.slot),
             mode: PromptMode::Replace,
             prompt,
-            max_tokens: (s.max_tokens as usize).min(self.cfg.max_tokens),
+            max_tokens: s.max_tokens.min(self.cfg.max_tokens),
             sampling: SamplingParams {
                 temperature: s.temperature,
                 top_p: s.top_p,
