@@ -334,6 +334,8 @@ fn check_usage(u: &Value) -> (u64, u64) {
     let c = u["completion_tokens"].as_u64().expect("completion_tokens");
     assert_eq!(u["total_tokens"].as_u64(), Some(p + c), "{u}");
     assert!(p > 0 && c > 0, "{u}");
+    let cached = u["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert!(cached.is_some_and(|n| n <= p), "{u}");
     (p, c)
 }
 
@@ -378,7 +380,11 @@ async fn chat_stream_equals_non_stream_at_temperature_zero() {
     let (stext, sfinish, susage) = chat_stream_text(&events);
     assert_eq!(stext, text);
     assert_eq!(sfinish, finish);
-    assert_eq!(check_usage(&susage.expect("a usage chunk")), usage);
+    let susage = susage.expect("a usage chunk");
+    assert_eq!(check_usage(&susage), usage);
+    // The same prompt again runs in the slot that holds it and reuses it.
+    let cached = susage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert!(cached.is_some_and(|n| n > 0), "{susage}");
 
     // Content as text parts renders like the same string.
     let parts = chat_body(

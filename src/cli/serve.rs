@@ -41,7 +41,7 @@ pub struct ServeArgs {
     /// (0 picks a free port).
     #[arg(long, value_name = "ADDR", value_parser = crate::http::parse_addr)]
     pub http: Option<SocketAddr>,
-    /// With --http: every endpoint but /health wants `Authorization: Bearer KEY`.
+    /// With --http: every endpoint but /health and the chat page wants `Authorization: Bearer KEY`.
     #[arg(long, env = "COLI_API_KEY", hide_env_values = true, value_name = "KEY")]
     pub api_key: Option<String>,
     /// With --http: requests that may wait for a slot; more get 429.
@@ -51,6 +51,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES", requires = "http", default_value_t = crate::http::DEFAULT_MAX_BODY,
           allow_negative_numbers = true, value_parser = super::parse_count)]
     pub max_body: usize,
+    /// With --http: no chat page at / (it then answers 404 like any unknown path).
+    #[arg(long, requires = "http")]
+    pub no_web: bool,
     /// Do not save or restore conversations.
     #[arg(long)]
     pub no_kv_save: bool,
@@ -210,6 +213,7 @@ fn serve_http(
         addr,
         api_key: args.api_key.clone(),
         max_body: args.max_body,
+        web: !args.no_web,
         defaults: Defaults {
             max_tokens: args.max_tokens,
             temperature: args.temperature,

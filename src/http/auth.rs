@@ -1,5 +1,5 @@
-//! The API key: when the server has one, every endpoint but `/health`
-//! wants `Authorization: Bearer KEY` (`/v1/messages` also takes Anthropic's
+//! The API key: when the server has one, every endpoint but `/health` and
+//! the chat page's files wants `Authorization: Bearer KEY` (`/v1/messages` also takes Anthropic's
 //! `x-api-key: KEY`); otherwise 401 in the endpoint's error shape.
 
 use axum::extract::{Request, State};
@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::state::Shared;
+use super::web;
 
 /// The path of the Anthropic endpoint (its own key header and error shape).
 pub const MESSAGES_PATH: &str = "/v1/messages";
@@ -19,7 +20,7 @@ pub async fn require_key(State(st): State<Shared>, req: Request, next: Next) -> 
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/health" {
+    if path == "/health" || web::is_page(req.method(), path) {
         return next.run(req).await;
     }
     let anthropic = path == MESSAGES_PATH;

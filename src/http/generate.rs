@@ -24,6 +24,8 @@ pub enum StopKind {
 pub struct Outcome {
     pub stop: StopKind,
     pub prompt_tokens: usize,
+    /// Of the prompt's tokens, those reused from the slot's history.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
 }
 
@@ -126,6 +128,7 @@ impl Job {
                     return Step::Done(Outcome {
                         stop,
                         prompt_tokens: f.usage.prompt_tokens,
+                        cached_tokens: f.usage.prompt_tokens.saturating_sub(f.usage.prefilled),
                         completion_tokens: f.usage.completion_tokens,
                     });
                 }

@@ -1,6 +1,6 @@
 //! `coli serve --http ADDR`: an OpenAI-compatible HTTP API (chat
-//! completions, completions, models) plus Anthropic's Messages API, as a
-//! front end of the decode-loop actor (docs/http-api.md).
+//! completions, completions, models) plus Anthropic's Messages API and a
+//! chat page, as a front end of the decode-loop actor (docs/http-api.md).
 //!
 //! Each file has one job:
 //! - [`server`] holds binding, the router, graceful shutdown on SIGINT/SIGTERM;
@@ -15,7 +15,8 @@
 //! - [`openai`] holds `/v1/chat/completions` and `/v1/completions`;
 //! - [`anthropic`] holds `/v1/messages`;
 //! - [`info`] holds `/v1/models` and `/health`;
-//! - [`metrics`] holds `/metrics` in Prometheus' text format.
+//! - [`metrics`] holds `/metrics` in Prometheus' text format;
+//! - [`web`] holds the chat page at `/` (its files are in `web/`).
 //!
 //! Dropping a response (the client went away) drops its request stream,
 //! which cancels the request in the loop and frees its slot.
@@ -32,6 +33,7 @@ pub mod request;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod web;
 
 pub use request::Defaults;
 pub use server::{DEFAULT_MAX_BODY, HttpConfig, HttpError, parse_addr, router, serve};

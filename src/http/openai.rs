@@ -102,6 +102,7 @@ fn usage(o: &Outcome) -> Value {
         "prompt_tokens": o.prompt_tokens,
         "completion_tokens": o.completion_tokens,
         "total_tokens": o.prompt_tokens + o.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": o.cached_tokens },
     })
 }
 

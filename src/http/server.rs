@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use super::error::ApiError;
 use super::request::Defaults;
 use super::state::{AppState, Shared};
-use super::{anthropic, auth, info, metrics, openai};
+use super::{anthropic, auth, info, metrics, openai, web};
 use crate::runtime::{DecodeLoop, RequestError};
 
 /// Largest request body by default (`--max-body`).
@@ -34,6 +34,8 @@ pub struct HttpConfig {
     pub api_key: Option<String>,
     pub max_body: usize,
     pub defaults: Defaults,
+    /// Serve the chat page at `/` (off with `--no-web`).
+    pub web: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,10 +70,11 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("expected PORT or HOST:PORT (e.g. 8080 or 127.0.0.1:8080), got {s:?}"))
 }
 
-/// Every route, with the key check and the body limit.
-pub fn router(state: Shared, max_body: usize) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(openai::chat_completions))
+/// Every route, with the key check and the body limit; the chat page's
+/// when `web`.
+pub fn router(state: Shared, max_body: usize, web: bool) -> Router {
+    let page = if web { web::routes() } else { Router::new() };
+    page.route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route(auth::MESSAGES_PATH, post(anthropic::messages))
         .route("/v1/models", get(info::models))
@@ -121,7 +124,7 @@ pub fn serve(
         })?;
         on_ready(addr);
         let state = Arc::new(AppState::new(handle.clone(), cfg.defaults, cfg.api_key.clone()));
-        let app = router(state, cfg.max_body);
+        let app = router(state, cfg.max_body, cfg.web);
         let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
         let signal = async move {
             shutdown_signal().await;

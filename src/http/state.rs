@@ -12,7 +12,7 @@ use crate::runtime::LoopHandle;
 pub struct AppState {
     pub handle: LoopHandle,
     pub defaults: Defaults,
-    /// When set, every endpoint but `/health` wants it.
+    /// When set, every endpoint but `/health` and the chat page wants it.
     pub api_key: Option<String>,
     /// Unix seconds at start (the model's `created`, part of ids).
     pub started: u64,
