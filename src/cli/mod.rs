@@ -246,6 +246,7 @@ impl EngineArgs {
             int8_acts: !self.f32_acts,
             placement: self.placement,
             pin_share: self.pin_share,
+            prompt_cache: crate::engine::PromptCacheSize::Off,
         }
     }
 }

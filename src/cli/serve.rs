@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::{EngineArgs, ModelArg};
-use crate::engine::Engine;
+use crate::engine::{Engine, PromptCacheSize};
 use crate::http::{Defaults, HttpConfig};
 use crate::runtime::{DecodeLoop, LoopConfig};
 use crate::serve::batch::{self, BatchConfig};
@@ -52,6 +52,12 @@ pub struct ServeArgs {
     /// Do not save or restore conversations.
     #[arg(long)]
     pub no_kv_save: bool,
+    /// MiB of RAM for the prompt cache: the computed positions of
+    /// conversations that lost their slot, so that clients who outnumber
+    /// --kv-slots compute only their new tokens (default: the slots' KV
+    /// cache at full context, at most a tenth of the memory budget; 0 = off).
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub prompt_cache_mb: Option<usize>,
     #[command(flatten)]
     pub usage: super::UsageArgs,
     /// Tokens per chat reply, and the cap on PROMPT's max_tokens; with
@@ -91,6 +97,23 @@ pub fn context_len(requested: Option<usize>, model_max: usize) -> anyhow::Result
         }
         Some(n) => Ok(n),
         None => Ok(model_max.min(DEFAULT_CTX_CAP)),
+    }
+}
+
+/// `--prompt-cache-mb` as the engine's option.
+pub fn prompt_cache_size(mib: Option<usize>) -> PromptCacheSize {
+    match mib {
+        None => PromptCacheSize::Auto,
+        Some(m) => PromptCacheSize::Bytes((m as u64).saturating_mul(1 << 20)),
+    }
+}
+
+/// The prompt cache's part of the ready line.
+fn prompt_cache_note(bytes: u64) -> String {
+    if bytes == 0 {
+        "prompt cache off".to_string()
+    } else {
+        format!("prompt cache {:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
     }
 }
 
@@ -137,6 +160,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut opts = args.engine.options();
     opts.kv_slots = kv_slots;
     opts.max_ctx = Some(args.ctx.unwrap_or(DEFAULT_CTX_CAP));
+    opts.prompt_cache = prompt_cache_size(args.prompt_cache_mb);
     let engine = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions())?;
     let state_dir = state_dir(&args, engine.state_fingerprint())?;
@@ -183,8 +207,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ => "saving off".to_string(),
     };
     eprintln!(
-        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving})",
-        dir.display()
+        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving}, {})",
+        dir.display(),
+        prompt_cache_note(server.handle().info().prompt_cache_bytes)
     );
     let stdin = std::io::stdin().lock();
     // The session flushes after every streamed piece and every closing line.
@@ -225,6 +250,7 @@ fn serve_http(
         _ => "saving off".to_string(),
     };
     let open = !addr.ip().is_loopback() && args.api_key.is_none();
+    let cache = prompt_cache_note(decode.handle().info().prompt_cache_bytes);
     crate::http::serve(decode, cfg, |bound| {
         if open {
             eprintln!(
@@ -232,7 +258,7 @@ fn serve_http(
             );
         }
         eprintln!(
-            "coli serve: {} listening on http://{bound} ({slots} slot(s), context {max_ctx}, {saving})",
+            "coli serve: {} listening on http://{bound} ({slots} slot(s), context {max_ctx}, {saving}, {cache})",
             dir.display()
         );
     })

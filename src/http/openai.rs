@@ -104,6 +104,22 @@ fn usage(o: &Outcome) -> Value {
         "prompt_tokens": o.prompt_tokens,
         "completion_tokens": o.completion_tokens,
         "total_tokens": o.prompt_tokens + o.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": o.cached_tokens },
+    })
+}
+
+/// llama-server's `timings`: prompt tokens computed (`prompt_n`) and
+/// reused (`cache_n`), the prefill and the generation with their speeds.
+fn timings(o: &Outcome) -> Value {
+    let per_second = |n: usize, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    json!({
+        "cache_n": o.cached_tokens,
+        "prompt_n": o.prefilled,
+        "prompt_ms": o.prompt_secs * 1e3,
+        "prompt_per_second": per_second(o.prefilled, o.prompt_secs),
+        "predicted_n": o.completion_tokens,
+        "predicted_ms": o.predicted_secs * 1e3,
+        "predicted_per_second": per_second(o.completion_tokens, o.predicted_secs),
     })
 }
 
@@ -174,6 +190,7 @@ pub async fn chat_completions(
                 "finish_reason": o.openai_reason(),
             }],
             "usage": usage(&o),
+            "timings": timings(&o),
         }),
     ))
 }
@@ -266,6 +283,7 @@ pub async fn completions(
                 "finish_reason": o.openai_reason(),
             }],
             "usage": usage(&o),
+            "timings": timings(&o),
         }),
     ))
 }
@@ -326,7 +344,9 @@ impl Format for Chunks {
 
     fn done(&mut self, o: &Outcome) -> Vec<Event> {
         let empty = if self.chat { json!({}) } else { json!("") };
-        let mut out = vec![sse::data(&self.chunk(empty, Some(o.openai_reason())))];
+        let mut last = self.chunk(empty, Some(o.openai_reason()));
+        last["timings"] = timings(o);
+        let mut out = vec![sse::data(&last)];
         if self.include_usage {
             out.push(sse::data(&json!({
                 "id": self.id,
@@ -335,6 +355,7 @@ impl Format for Chunks {
                 "model": self.model,
                 "choices": [],
                 "usage": usage(o),
+                "timings": timings(o),
             })));
         }
         out.push(done_marker());

@@ -67,6 +67,14 @@ pub struct Usage {
     pub completion_tokens: usize,
 }
 
+impl Usage {
+    /// Prompt tokens not computed for this request: reused from the slot's
+    /// history, or copied from another slot or the prompt cache.
+    pub fn cached(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.prefilled)
+    }
+}
+
 /// How a request ended, with what the STAT lines and usage fields print.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Finish {
