@@ -352,7 +352,10 @@ mod tests {
     use crate::runtime::test_state::{FakeState, RECORD, computed};
 
     fn cache(blocks: u64) -> PromptCache {
-        PromptCache::new(blocks * (BLOCK as u64 * (RECORD as u64 + 4) + NODE_OVERHEAD), RECORD)
+        PromptCache::new(
+            blocks * (BLOCK as u64 * (RECORD as u64 + 4) + NODE_OVERHEAD),
+            RECORD,
+        )
     }
 
     #[test]

@@ -394,7 +394,9 @@ impl LoopActor {
     fn restore_prefix(&mut self, slot: usize, session: &mut Session) -> usize {
         let want = session.tokens.len().saturating_sub(1);
         let have = session.kv.len();
-        if have >= want {
+        // `--prompt-cache-mb 0` turns copying off altogether (the slot's
+        // own history is still reused).
+        if have >= want || !self.cache.enabled() {
             return 0;
         }
         let tokens = &session.tokens[..want];

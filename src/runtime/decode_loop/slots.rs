@@ -174,6 +174,12 @@ mod tests {
         let s = slot(&t, true, 1);
         let mut more = t.clone();
         more.push(5);
-        assert_eq!(Worth::of(&s, &more), Worth { reuse: t.len() - 1, loss: 0 });
+        assert_eq!(
+            Worth::of(&s, &more),
+            Worth {
+                reuse: t.len() - 1,
+                loss: 0
+            }
+        );
     }
 }
