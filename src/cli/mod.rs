@@ -4,6 +4,7 @@
 //! failed validation), 2 a usage error (clap's code for bad flags).
 
 pub mod bench;
+mod bench_conversations;
 mod bench_streams;
 pub mod chat;
 pub mod convert;

@@ -15,6 +15,12 @@
 //! it (and batching never changes numbers), so the bytes of a block equal
 //! what recomputing its tokens after the same prefix gives.
 //!
+//! A conversation restored into a slot leaves the cache (the blocks of it
+//! that no other cached sequence continues): the slot holds it now, and it
+//! comes back when the slot is next overwritten. So the cache holds the
+//! conversations that lost their slot and the prefixes they share, not
+//! copies of what the slots hold.
+//!
 //! Eviction is least recently used, leaves first: a lookup or an insert
 //! marks every block on its path with one new tick, so a block is never
 //! older than its children; ordering by (tick, deeper first) puts a leaf
@@ -319,25 +325,42 @@ impl PromptCache {
         let ids: Vec<NodeId> = path.iter().map(|&(id, _)| id).collect();
         self.touch(&ids);
         let rec = self.record_bytes;
-        let mut start = 0;
-        let mut added = 0;
-        for (id, n) in path {
+        let (mut start, mut added) = (0, 0);
+        // Blocks the state now holds whole, deepest last.
+        let mut held = Vec::new();
+        'copy: for &(id, n) in &path {
             let end = start + n;
             if end > have {
                 let from = have.max(start) - start;
                 let node = self.node(id);
                 for rel in from..n {
                     if !state.push_position_bytes(&node.bytes[rel * rec..(rel + 1) * rec]) {
-                        self.stats.restored += added as u64;
-                        return added;
+                        break 'copy;
                     }
                     added += 1;
                 }
             }
+            if n == self.node(id).tokens.len() {
+                held.push(id);
+            }
             start = end;
         }
         self.stats.restored += added as u64;
+        if added > 0 {
+            self.release(&held);
+        }
         added
+    }
+
+    /// Drops the blocks of `held` (a path, root side first, each held whole
+    /// by a slot now) that no other cached sequence continues.
+    fn release(&mut self, held: &[NodeId]) {
+        for &id in held.iter().rev() {
+            if !self.node(id).children.is_empty() {
+                return;
+            }
+            self.remove_leaf(id);
+        }
     }
 }
 
@@ -359,7 +382,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_conversation_comes_back_exactly() {
+    fn a_stored_conversation_comes_back_exactly_and_leaves_the_cache() {
         let mut c = cache(16);
         let toks: Vec<u32> = (0..100).collect();
         let s = computed(&toks);
@@ -370,9 +393,11 @@ mod tests {
         let mut fresh = FakeState::default();
         assert_eq!(c.restore(&next, &mut fresh), 100);
         assert_eq!(fresh, s);
-        // Nothing longer to give.
-        assert_eq!(c.restore(&next, &mut fresh), 0);
         assert_eq!(c.stats().restored, 100);
+        // The slot holds it now; it comes back when the slot is overwritten.
+        assert_eq!(c.used_bytes(), 0);
+        assert_eq!(c.restore(&next, &mut FakeState::default()), 0);
+        assert_eq!(c.insert(&next, &computed(&next)), 103);
     }
 
     #[test]
@@ -384,14 +409,16 @@ mod tests {
         // history in the middle of its second block.
         let mut prompt: Vec<u32> = (0..45).collect();
         prompt.extend([900, 901]);
+        assert_eq!(c.longest(&prompt), 45);
         let mut s = computed(&prompt[..10]);
         assert_eq!(c.restore(&prompt, &mut s), 35);
         assert_eq!(s, computed(&prompt[..45]));
-        assert_eq!(c.longest(&prompt), 45);
+        // The blocks that go on past the prompt stay.
+        assert_eq!(c.longest(&toks), 80);
     }
 
     #[test]
-    fn a_shared_prefix_is_stored_once() {
+    fn a_shared_prefix_is_stored_once_and_stays_while_it_is_continued() {
         let mut c = cache(64);
         let system: Vec<u32> = (0..64).collect();
         let mut a = system.clone();
@@ -404,6 +431,8 @@ mod tests {
         let mut s = FakeState::default();
         assert_eq!(c.restore(&b, &mut s), 104);
         assert_eq!(s, computed(&b));
+        assert_eq!(c.longest(&a), 104);
+        assert_eq!(c.longest(&b), 64);
     }
 
     #[test]
@@ -429,9 +458,9 @@ mod tests {
         c.insert(&a, &computed(&a));
         c.insert(&b, &computed(&b));
         assert_eq!(c.used_bytes(), c.budget_bytes());
-        // Using a makes b the oldest: a new sequence pushes out b's end
-        // first, then its start.
-        c.restore(&a, &mut FakeState::default());
+        // Storing a again makes b the oldest: a new sequence pushes out b's
+        // end first, then its start.
+        assert_eq!(c.insert(&a, &computed(&a)), 0);
         let d: Vec<u32> = (200..232).collect();
         assert_eq!(c.insert(&d, &computed(&d)), 32);
         assert!(c.used_bytes() <= c.budget_bytes());
