@@ -149,13 +149,17 @@ fn a_hello_between_two_turns_of_a_long_conversation_costs_it_nothing() {
     assert_eq!(next.reply, recomputed.reply);
 }
 
+/// One turn of a conversation, as [`eight_conversations`] saw it.
+struct Record {
+    prefill: usize,
+    new: usize,
+    reply: Vec<u32>,
+    slot: usize,
+}
+
 /// Eight conversations with one system prompt taking turns on four slots:
-/// every turn's (prefill, new tokens, reply, slot), and the loop's count of
-/// restored positions.
-fn eight_conversations(
-    cache: PromptCacheSize,
-    rounds: usize,
-) -> (Vec<Vec<(usize, usize, Vec<u32>, usize)>>, u64) {
+/// every turn, by round, and the loop's count of restored positions.
+fn eight_conversations(cache: PromptCacheSize, rounds: usize) -> (Vec<Vec<Record>>, u64) {
     let lp = start(4, cache);
     let h = lp.handle();
     let system = ChatMessage::system(&"You explain words in one short line. ".repeat(6));
@@ -177,7 +181,12 @@ fn eight_conversations(
             };
             let t = turn(&h, prompt, 6);
             histories[c] = t.history;
-            this.push((t.prefill, new, t.reply, t.slot));
+            this.push(Record {
+                prefill: t.prefill,
+                new,
+                reply: t.reply,
+                slot: t.slot,
+            });
         }
         out.push(this);
     }
@@ -191,7 +200,7 @@ fn conversations_that_outnumber_the_slots_compute_only_their_new_tokens() {
     let (on, restored) = eight_conversations(ON, 3);
     assert!(restored > 0);
     for (round, turns) in on.iter().enumerate() {
-        for (c, (prefill, new, _, _)) in turns.iter().enumerate() {
+        for (c, Record { prefill, new, .. }) in turns.iter().enumerate() {
             if round == 0 {
                 // After the first, the shared system prompt is copied from
                 // a slot holding it.
@@ -213,11 +222,10 @@ fn conversations_that_outnumber_the_slots_compute_only_their_new_tokens() {
     // their history evicted and compute it again; the replies are the same.
     let (off, restored_off) = eight_conversations(OFF, 3);
     assert_eq!(restored_off, 0);
-    let mut first_slots: Vec<usize> = off[0][..4].iter().map(|t| t.3).collect();
+    let mut first_slots: Vec<usize> = off[0][..4].iter().map(|t| t.slot).collect();
     first_slots.sort_unstable();
     assert_eq!(first_slots, [0, 1, 2, 3]);
-    let total =
-        |r: &[Vec<(usize, usize, Vec<u32>, usize)>]| -> usize { r[1..].iter().flatten().map(|t| t.0).sum() };
+    let total = |r: &[Vec<Record>]| -> usize { r[1..].iter().flatten().map(|t| t.prefill).sum() };
     assert!(
         total(&off) > 3 * total(&on),
         "off {} on {}",
@@ -226,7 +234,7 @@ fn conversations_that_outnumber_the_slots_compute_only_their_new_tokens() {
     );
     for (a, b) in on.iter().flatten().zip(off.iter().flatten()) {
         assert_eq!(
-            a.2, b.2,
+            a.reply, b.reply,
             "restored positions must give the tokens computed ones give"
         );
     }
@@ -240,7 +248,7 @@ fn a_cache_too_small_for_every_conversation_restores_what_it_has_exactly() {
     let (off, _) = eight_conversations(OFF, 2);
     assert!(restored > 0);
     for (a, b) in small.iter().flatten().zip(off.iter().flatten()) {
-        assert_eq!(a.2, b.2);
-        assert!(a.0 <= b.0);
+        assert_eq!(a.reply, b.reply);
+        assert!(a.prefill <= b.prefill);
     }
 }
