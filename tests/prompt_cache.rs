@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use colibri::chat_template::ChatMessage;
+use colibri::convert::convert;
 use colibri::engine::{Engine, EngineOptions, PromptCacheSize};
+use colibri::quant::QFormat;
 use colibri::runtime::{
     DecodeLoop, Event, GenRequest, LoopConfig, LoopHandle, PromptMode, RequestError, SlotChoice,
 };
@@ -251,4 +253,105 @@ fn a_cache_too_small_for_every_conversation_restores_what_it_has_exactly() {
         assert_eq!(a.reply, b.reply);
         assert!(a.prefill <= b.prefill);
     }
+}
+
+/// Every family's sequence state round-trips through the prompt cache: one
+/// slot, a conversation evicted by another and resumed gives the reply it
+/// gives when recomputed, and computes only its new tokens.
+#[test]
+fn every_family_resumes_an_evicted_conversation_exactly() {
+    let families = [
+        "fixtures/olmoe-tiny",
+        "fixtures/qwen3-moe-tiny",
+        "fixtures/mixtral-tiny",
+        "fixtures/glm-tiny",
+        "fixtures/glm4-moe-tiny",
+        "fixtures/deepseek-v3-tiny",
+    ];
+    // gpt-oss runs from a container (its checkpoint's experts are fused).
+    let tmp = tempfile::tempdir().unwrap();
+    let gpt_oss = tmp.path().join("gpt-oss-tiny");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    convert(
+        &root.join("fixtures/gpt-oss-tiny"),
+        &gpt_oss,
+        QFormat::F32,
+        QFormat::F32,
+        false,
+    )
+    .unwrap();
+    let dirs = families.iter().map(|r| root.join(r)).chain([gpt_oss]);
+    for dir in dirs {
+        let rel = dir.display().to_string();
+        let run = |cache: PromptCacheSize| {
+            let opts = EngineOptions {
+                prompt_cache: cache,
+                ..EngineOptions::default()
+            };
+            let engine = Engine::load(&dir, &opts).unwrap_or_else(|e| panic!("{rel}: {e}"));
+            let cfg = LoopConfig {
+                slots: 1,
+                max_ctx: engine.model.max_positions().min(CTX),
+                threads: Some(2),
+                ..LoopConfig::default()
+            };
+            let lp = DecodeLoop::spawn(engine, &cfg, Box::new(std::io::sink())).unwrap();
+            let h = lp.handle();
+            let vocab = h.info().vocab as u32;
+            let ids = |n: u32, salt: u32| -> Vec<u32> { (0..n).map(|t| (t * 37 + salt) % vocab).collect() };
+            let a = turn(&h, ids(60, 11), 6);
+            turn(&h, ids(20, 5), 4);
+            let mut next = a.history.clone();
+            next.extend(ids(8, 23));
+            let new = next.len() - a.history.len() + 1;
+            let resumed = turn(&h, next, 6);
+            lp.shutdown().unwrap();
+            (resumed, new)
+        };
+        let (cached, new) = run(PromptCacheSize::Bytes(16 << 20));
+        let (recomputed, _) = run(OFF);
+        assert_eq!(cached.prefill, new, "{rel}: only the new tokens are computed");
+        assert!(recomputed.prefill > new, "{rel}");
+        assert_eq!(
+            cached.reply, recomputed.reply,
+            "{rel}: restored state gives other tokens"
+        );
+    }
+}
+
+/// The cache's budget is part of the engine's memory plan: with `--ram-gb`
+/// the expert cache gets what the rest, the prompt cache included, leaves.
+#[test]
+fn the_memory_plan_counts_the_prompt_cache() {
+    let opts = EngineOptions {
+        ram_gb: Some(1.0),
+        kv_slots: 4,
+        max_ctx: Some(CTX),
+        prompt_cache: PromptCacheSize::Bytes(100 << 20),
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load(&model(), &opts).unwrap();
+    let plan = engine.memory.clone();
+    assert_eq!(plan.needs.prompt_cache_bytes, 100 << 20);
+    assert_eq!(plan.engine_total(), Some(1 << 30), "{plan}");
+    assert!(plan.to_string().contains("prompt cache 0.10"), "{plan}");
+    let without = Engine::load(
+        &model(),
+        &EngineOptions {
+            prompt_cache: OFF,
+            ..opts
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        without
+            .memory
+            .cache_budget
+            .zip(plan.cache_budget)
+            .map(|(a, b)| a - b),
+        Some(100 << 20)
+    );
+    let lp = DecodeLoop::spawn(engine, &LoopConfig::default(), Box::new(std::io::sink())).unwrap();
+    assert_eq!(lp.handle().info().prompt_cache_bytes, 100 << 20);
+    lp.shutdown().unwrap();
 }

@@ -116,3 +116,18 @@ impl Default for EngineOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PromptCacheSize;
+
+    #[test]
+    fn the_default_prompt_cache_is_the_slots_kv_at_most_a_tenth_of_the_budget() {
+        let kv = 64 << 20;
+        assert_eq!(PromptCacheSize::Auto.bytes(kv, None), kv);
+        assert_eq!(PromptCacheSize::Auto.bytes(kv, Some(10 << 30)), kv);
+        assert_eq!(PromptCacheSize::Auto.bytes(kv, Some(320 << 20)), 32 << 20);
+        assert_eq!(PromptCacheSize::Bytes(5).bytes(kv, Some(1)), 5);
+        assert_eq!(PromptCacheSize::Off.bytes(kv, Some(10 << 30)), 0);
+    }
+}
