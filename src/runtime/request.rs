@@ -16,9 +16,9 @@ pub enum SlotChoice {
     /// This slot; refused with [`RequestError::SlotBusy`] while another
     /// request runs in it.
     Exact(usize),
-    /// Any free slot (the one whose history shares the longest prefix with
-    /// the prompt, else the least recently used); waits in the admission
-    /// queue while all are busy.
+    /// Any free slot (the one whose history is worth most to the prompt:
+    /// `decode_loop/slots.rs`); waits in the admission queue while all are
+    /// busy.
     Any,
 }
 

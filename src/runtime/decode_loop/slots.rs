@@ -13,13 +13,13 @@
 //!   conversation comes back.
 //!
 //! The request takes the free slot with the largest `reuse - loss`, the
-//! least recently used one on a tie (then the lowest index). So a client resending its growing
-//! conversation lands on its own history (large reuse, no loss); a prompt
-//! that shares only a template header with a long history (reuse 2, loss in
-//! the hundreds) takes an empty slot (0) instead; and when every slot holds
-//! someone else's history, the one with the least to lose goes. Positions a
-//! request can copy from another slot or the prompt cache are not counted:
-//! they are there for whichever slot it takes.
+//! least recently used one on a tie (then the lowest index). So a client
+//! resending its growing conversation lands on its own history (large
+//! reuse, no loss); a prompt that shares only a template header with a long
+//! history (reuse 2, loss in the hundreds) takes an empty slot (0) instead;
+//! and when every slot holds someone else's history, the one with the least
+//! to lose goes. Positions a request can copy from another slot or the
+//! prompt cache are not counted: they are there for whichever slot it takes.
 
 use crate::engine::Session;
 use crate::runtime::request::RequestId;
