@@ -507,7 +507,21 @@ async fn messages_stream_equals_non_stream() {
         assert_eq!(e.json()["type"], e.name.as_deref().unwrap_or(""), "{e:?}");
     }
     let start = events[0].json();
-    assert_eq!(start["message"]["usage"]["input_tokens"].as_u64(), Some(input));
+    // The same prompt again: Anthropic's input_tokens counts only what was
+    // not read from the cache, so the total is what stays equal.
+    let u = &start["message"]["usage"];
+    assert_eq!(
+        u["input_tokens"]
+            .as_u64()
+            .zip(u["cache_read_input_tokens"].as_u64())
+            .map(|(a, b)| a + b),
+        Some(
+            input
+                + v["usage"]["cache_read_input_tokens"]
+                    .as_u64()
+                    .expect("cache_read_input_tokens")
+        )
+    );
     assert_eq!(
         start["message"]["id"].as_str().map(|s| s.starts_with("msg_")),
         Some(true)
@@ -1204,5 +1218,112 @@ fn http_flags_are_checked_before_anything_runs() {
         Some(2),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The OpenAI usage's cached tokens and the llama-server timings agree:
+/// cached + computed = prompt, generated = completion.
+fn cached_tokens(usage: &Value, timings: &Value) -> u64 {
+    let prompt = usage["prompt_tokens"].as_u64().expect("prompt_tokens");
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("prompt_tokens_details.cached_tokens");
+    let computed = timings["prompt_n"].as_u64().expect("timings.prompt_n");
+    assert_eq!(cached + computed, prompt, "{usage} {timings}");
+    assert_eq!(timings["cache_n"].as_u64(), Some(cached), "{timings}");
+    assert_eq!(timings["predicted_n"], usage["completion_tokens"], "{timings}");
+    for k in [
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_ms",
+        "predicted_per_second",
+    ] {
+        assert!(timings[k].as_f64().is_some_and(|x| x >= 0.0), "{k}: {timings}");
+    }
+    cached
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_reports_the_prompt_tokens_read_from_the_cache() {
+    let srv = HttpServer::start(&["--prompt-cache-mb", "16"]);
+    assert!(
+        srv.ready_line.contains("prompt cache 16 MiB"),
+        "{}",
+        srv.ready_line
+    );
+    let c = client();
+    let first = chat_body(json!("What does the word river mean?"), json!({"max_tokens": 8}));
+    let (status, v) = post(&c, &srv, "/v1/chat/completions", &first).await;
+    assert_eq!(status, 200, "{v}");
+    // A fresh server has nothing to reuse.
+    assert_eq!(cached_tokens(&v["usage"], &v["timings"]), 0);
+    let first_prompt = v["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens");
+
+    // The conversation's next turn reuses the first (up to where the
+    // re-rendered reply may tokenize differently).
+    let reply = v["choices"][0]["message"]["content"].clone();
+    let second = json!({
+        "messages": [
+            {"role": "user", "content": "What does the word river mean?"},
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And stone?"},
+        ],
+        "temperature": 0,
+        "max_tokens": 8,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let (status, events) = post_stream(&c, &srv, "/v1/chat/completions", &second).await;
+    assert_eq!(status, 200);
+    let (_, _, usage) = chat_stream_text(&events);
+    let usage = usage.expect("a usage chunk");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(SseEvent::json).collect();
+    let usage_chunk = chunks.last().expect("the usage chunk");
+    let cached = cached_tokens(&usage, &usage_chunk["timings"]);
+    assert!(
+        cached + 2 >= first_prompt,
+        "cached {cached} of the first turn's {first_prompt}"
+    );
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(cached_tokens(&usage, &finish["timings"]), cached);
+
+    // The same completion prompt twice: all but its last token is reused.
+    let body = json!({"prompt": "The cat sat on the warm stone", "temperature": 0, "max_tokens": 4});
+    let (_, a) = post(&c, &srv, "/v1/completions", &body).await;
+    cached_tokens(&a["usage"], &a["timings"]);
+    let (_, b) = post(&c, &srv, "/v1/completions", &body).await;
+    let prompt = b["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens");
+    assert_eq!(cached_tokens(&b["usage"], &b["timings"]), prompt - 1);
+
+    // Anthropic: input_tokens is what was not read from the cache.
+    let msg = json!({
+        "messages": [{"role": "user", "content": "What does the word forest mean?"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    });
+    let (_, m1) = post(&c, &srv, "/v1/messages", &msg).await;
+    let (_, m2) = post(&c, &srv, "/v1/messages", &msg).await;
+    let total = |m: &Value| {
+        let u = &m["usage"];
+        assert_eq!(u["cache_creation_input_tokens"], 0, "{u}");
+        u["input_tokens"].as_u64().expect("input_tokens")
+            + u["cache_read_input_tokens"]
+                .as_u64()
+                .expect("cache_read_input_tokens")
+    };
+    assert_eq!(total(&m1), total(&m2));
+    assert_eq!(m2["usage"]["input_tokens"], 1, "{m2}");
+    assert_eq!(
+        m2["usage"]["cache_read_input_tokens"].as_u64(),
+        Some(total(&m2) - 1)
+    );
+    let mut streamed = msg.clone();
+    merge(&mut streamed, json!({"stream": true}));
+    let (_, events) = post_stream(&c, &srv, "/v1/messages", &streamed).await;
+    let start = events[0].json();
+    assert_eq!(start["message"]["usage"]["input_tokens"], 1, "{start}");
+    assert_eq!(
+        start["message"]["usage"]["cache_read_input_tokens"].as_u64(),
+        Some(total(&m2) - 1)
     );
 }

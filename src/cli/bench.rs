@@ -77,6 +77,25 @@ pub struct BenchArgs {
     pub state_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub usage: super::UsageArgs,
+    /// Agents instead: N conversations taking turns through the decode
+    /// loop, each resending its whole history, with the prompt cache off and
+    /// on (see docs/benchmarks.md, "Prompt cache").
+    #[arg(long, value_name = "N", conflicts_with = "streams")]
+    pub conversations: Option<usize>,
+    /// With --conversations: the slots they share.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub kv_slots: usize,
+    /// With --conversations: turns per conversation (the first is its
+    /// --prompt-len prompt).
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub turns: usize,
+    /// With --conversations: new tokens each later turn adds.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub turn_len: usize,
+    /// With --conversations: the prompt cache's MiB in the run with it on
+    /// (default as for `coli serve`).
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub prompt_cache_mb: Option<usize>,
     /// Interleaved rounds of the `--streams` runs (medians are printed).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
@@ -222,6 +241,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
     if let Some(n) = args.streams {
         return super::bench_streams::run(&args, n);
+    }
+    if let Some(n) = args.conversations {
+        return super::bench_conversations::run(&args, n);
     }
     let dir = args.model.resolve()?;
     let cfg = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;

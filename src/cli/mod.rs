@@ -4,6 +4,7 @@
 //! failed validation), 2 a usage error (clap's code for bad flags).
 
 pub mod bench;
+mod bench_conversations;
 mod bench_streams;
 pub mod chat;
 pub mod convert;
@@ -253,6 +254,7 @@ impl EngineArgs {
             int8_acts: !self.f32_acts,
             placement: self.placement,
             pin_share: self.pin_share,
+            prompt_cache: crate::engine::PromptCacheSize::Off,
         }
     }
 }

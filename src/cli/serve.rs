@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::output::diag;
 use super::{EngineArgs, ModelArg};
-use crate::engine::Engine;
+use crate::engine::{Engine, PromptCacheSize};
 use crate::http::{Defaults, HttpConfig};
 use crate::runtime::limits;
 use crate::runtime::{DecodeLoop, LoopConfig};
@@ -57,6 +57,12 @@ pub struct ServeArgs {
     /// Do not save or restore conversations.
     #[arg(long)]
     pub no_kv_save: bool,
+    /// MiB of RAM for the prompt cache: the computed positions of
+    /// conversations that lost their slot, so that clients who outnumber
+    /// --kv-slots compute only their new tokens (default: the slots' KV
+    /// cache at full context, at most a tenth of the memory budget; 0 = off).
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub prompt_cache_mb: Option<usize>,
     #[command(flatten)]
     pub usage: super::UsageArgs,
     /// Tokens per chat reply, and the cap on PROMPT's max_tokens; with
@@ -99,6 +105,23 @@ pub fn context_len(requested: Option<usize>, model_max: usize) -> usize {
     }
 }
 
+/// `--prompt-cache-mb` as the engine's option.
+pub fn prompt_cache_size(mib: Option<usize>) -> PromptCacheSize {
+    match mib {
+        None => PromptCacheSize::Auto,
+        Some(m) => PromptCacheSize::Bytes((m as u64).saturating_mul(1 << 20)),
+    }
+}
+
+/// The prompt cache's part of the ready line.
+fn prompt_cache_note(bytes: u64) -> String {
+    if bytes == 0 {
+        "prompt cache off".to_string()
+    } else {
+        format!("prompt cache {:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
 /// The state directory when saving is on and the directory can be used;
 /// otherwise `None`, with the reason on stderr.
 fn state_dir(args: &ServeArgs, fingerprint: u64) -> anyhow::Result<Option<PathBuf>> {
@@ -128,6 +151,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut opts = args.engine.options();
     opts.kv_slots = kv_slots;
     opts.max_ctx = Some(args.ctx.unwrap_or(DEFAULT_CTX_CAP));
+    opts.prompt_cache = prompt_cache_size(args.prompt_cache_mb);
     let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
         .with_context(|| format!("loading {}", dir.display()))?;
     let max_ctx = context_len(args.ctx, engine.model.max_positions());
@@ -181,8 +205,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ => "saving off".to_string(),
     };
     diag!(
-        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving})",
-        dir.display()
+        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving}, {})",
+        dir.display(),
+        prompt_cache_note(server.handle().info().prompt_cache_bytes)
     );
     let stdin = std::io::stdin().lock();
     // The session flushes after every streamed piece and every closing line.
@@ -227,12 +252,13 @@ fn serve_http(
         _ => "saving off".to_string(),
     };
     let open = !addr.ip().is_loopback() && args.api_key.is_none();
+    let cache = prompt_cache_note(decode.handle().info().prompt_cache_bytes);
     crate::http::serve(decode, cfg, |bound| {
         if open {
             diag!("coli serve: warning: {bound} is reachable from other machines and no --api-key is set");
         }
         diag!(
-            "coli serve: {} listening on http://{bound} ({slots} slot(s), context {max_ctx}, {saving})",
+            "coli serve: {} listening on http://{bound} ({slots} slot(s), context {max_ctx}, {saving}, {cache})",
             dir.display()
         );
     })

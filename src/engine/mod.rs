@@ -10,7 +10,7 @@ pub mod state;
 pub mod usage;
 
 pub use generate::{GenStats, Session, StopReason};
-pub use options::{EngineOptions, Placement};
+pub use options::{EngineOptions, Placement, PromptCacheSize};
 pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 
 use std::path::{Path, PathBuf};
@@ -61,6 +61,8 @@ pub struct MemoryNeeds {
     pub dense_bytes: u64,
     /// KV cache at full context for every slot.
     pub kv_bytes: u64,
+    /// The prompt cache's budget (`--prompt-cache-mb`; 0 when off).
+    pub prompt_cache_bytes: u64,
     /// Streamed placement only: expert buffers outside the cache's budget
     /// (idle in the pool, in flight, still held by compute after eviction);
     /// see [`streamed_transient_bytes`].
@@ -90,12 +92,13 @@ pub struct MemoryPlan {
 
 impl MemoryPlan {
     /// Everything the engine planned to hold: dense weights, KV cache at
-    /// full context, working set and the expert cache.
+    /// full context, prompt cache, working set and the expert cache.
     pub fn engine_total(&self) -> Option<u64> {
         Some(
             self.cache_budget?
                 + self.needs.dense_bytes
                 + self.needs.kv_bytes
+                + self.needs.prompt_cache_bytes
                 + WORKING_SET_BYTES
                 + self.needs.transient_bytes,
         )
@@ -108,10 +111,15 @@ impl std::fmt::Display for MemoryPlan {
         match (self.engine_total(), self.cache_budget) {
             (Some(t), Some(c)) => write!(
                 f,
-                "memory budget {:.2} GiB (dense {:.2} + KV {:.2} + working set {:.2}{} + expert cache {:.2}) from {}",
+                "memory budget {:.2} GiB (dense {:.2} + KV {:.2}{} + working set {:.2}{} + expert cache {:.2}) from {}",
                 g(t),
                 g(self.needs.dense_bytes),
                 g(self.needs.kv_bytes),
+                if self.needs.prompt_cache_bytes > 0 {
+                    format!(" + prompt cache {:.2}", g(self.needs.prompt_cache_bytes))
+                } else {
+                    String::new()
+                },
                 g(WORKING_SET_BYTES),
                 if self.needs.transient_bytes > 0 {
                     format!(" + expert buffers in flight {:.2}", g(self.needs.transient_bytes))
@@ -164,11 +172,14 @@ impl SourceFactory<'_> {
                 )));
             }
             Some(g) => {
-                let others = needs.dense_bytes + needs.kv_bytes + WORKING_SET_BYTES;
+                let total = (g * (1u64 << 30) as f64) as u64;
+                needs.prompt_cache_bytes = o.prompt_cache.bytes(needs.kv_bytes, Some(total));
+                let others =
+                    needs.dense_bytes + needs.kv_bytes + needs.prompt_cache_bytes + WORKING_SET_BYTES;
                 let budget = default_ram_budget(Some(g), others).unwrap_or(0);
                 if budget == 0 {
                     return Err(EngineError::Option(format!(
-                        "--ram-gb {g}: the dense weights, KV cache and working set alone need {:.2} GB",
+                        "--ram-gb {g}: the dense weights, KV cache, prompt cache and working set alone need {:.2} GB",
                         others as f64 / (1u64 << 30) as f64
                     )));
                 }
@@ -179,10 +190,13 @@ impl SourceFactory<'_> {
                 // (a cgroup's usage and MemAvailable already count them).
                 Some(h) => {
                     source = format!("90% of {h}");
-                    Some((h.bytes / 10 * 9).saturating_sub(needs.kv_bytes + WORKING_SET_BYTES))
+                    let usable = h.bytes / 10 * 9;
+                    needs.prompt_cache_bytes = o.prompt_cache.bytes(needs.kv_bytes, Some(usable));
+                    Some(usable.saturating_sub(needs.kv_bytes + needs.prompt_cache_bytes + WORKING_SET_BYTES))
                 }
                 None => {
                     source = "no readable memory limit".into();
+                    needs.prompt_cache_bytes = o.prompt_cache.bytes(needs.kv_bytes, None);
                     None
                 }
             },
@@ -308,6 +322,7 @@ fn load_family(
     let needs = MemoryNeeds {
         dense_bytes: family.dense_bytes,
         kv_bytes: kv,
+        prompt_cache_bytes: 0,
         transient_bytes: 0,
     };
     let (source, plan, tap) =

@@ -27,6 +27,32 @@ impl std::str::FromStr for Placement {
     }
 }
 
+/// How much RAM the prompt cache (`runtime::prompt_cache`) may hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PromptCacheSize {
+    /// No prompt cache (commands that do not serve conversations).
+    #[default]
+    Off,
+    /// As much as the KV cache of every slot at full context (room for as
+    /// many conversations again as there are slots), at most a tenth of
+    /// the memory budget (`--ram-gb`, else the headroom).
+    Auto,
+    /// This many bytes (`--prompt-cache-mb`); 0 is off.
+    Bytes(u64),
+}
+
+impl PromptCacheSize {
+    /// The budget in bytes for a KV cache of `kv_bytes` and a memory total
+    /// of `total` bytes (None: unknown).
+    pub fn bytes(self, kv_bytes: u64, total: Option<u64>) -> u64 {
+        match self {
+            Self::Off => 0,
+            Self::Bytes(b) => b,
+            Self::Auto => total.map_or(kv_bytes, |t| kv_bytes.min(t / 10)),
+        }
+    }
+}
+
 /// How the engine places and runs a model. None of these may change the
 /// generated tokens, only speed and memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,6 +87,9 @@ pub struct EngineOptions {
     /// Share of the expert cache (per layer) the usage-history pins may
     /// take, in (0, 1]; the rest stays LRU (never changes the tokens).
     pub pin_share: f64,
+    /// RAM for sequence state of conversations that lost their slot,
+    /// counted in the memory plan (never changes the tokens).
+    pub prompt_cache: PromptCacheSize,
 }
 
 impl Default for EngineOptions {
@@ -83,6 +112,22 @@ impl Default for EngineOptions {
             int8_acts: true,
             placement: Placement::Auto,
             pin_share: crate::engine::usage::DEFAULT_PIN_SHARE,
+            prompt_cache: PromptCacheSize::Off,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PromptCacheSize;
+
+    #[test]
+    fn the_default_prompt_cache_is_the_slots_kv_at_most_a_tenth_of_the_budget() {
+        let kv = 64 << 20;
+        assert_eq!(PromptCacheSize::Auto.bytes(kv, None), kv);
+        assert_eq!(PromptCacheSize::Auto.bytes(kv, Some(10 << 30)), kv);
+        assert_eq!(PromptCacheSize::Auto.bytes(kv, Some(320 << 20)), 32 << 20);
+        assert_eq!(PromptCacheSize::Bytes(5).bytes(kv, Some(1)), 5);
+        assert_eq!(PromptCacheSize::Off.bytes(kv, Some(10 << 30)), 0);
     }
 }

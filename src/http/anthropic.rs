@@ -101,7 +101,8 @@ pub async fn messages(
     let events = Events {
         id: st.next_id("msg_"),
         model: st.model().to_string(),
-        input_tokens: job.prompt_tokens,
+        prompt_tokens: job.prompt_tokens,
+        cached_tokens: job.cached_tokens,
     };
     if g.stream {
         let head = vec![
@@ -136,7 +137,10 @@ pub async fn messages(
 struct Events {
     id: String,
     model: String,
-    input_tokens: usize,
+    prompt_tokens: usize,
+    /// Prompt tokens not computed: Anthropic counts them as read from the
+    /// cache, and `input_tokens` as the rest.
+    cached_tokens: usize,
 }
 
 impl Events {
@@ -149,7 +153,12 @@ impl Events {
             "content": content,
             "stop_reason": end.map(Outcome::anthropic_reason),
             "stop_sequence": end.and_then(Outcome::stop_sequence),
-            "usage": { "input_tokens": self.input_tokens, "output_tokens": output_tokens },
+            "usage": {
+                "input_tokens": self.prompt_tokens - self.cached_tokens.min(self.prompt_tokens),
+                "cache_read_input_tokens": self.cached_tokens,
+                "cache_creation_input_tokens": 0,
+                "output_tokens": output_tokens,
+            },
         })
     }
 }

@@ -19,14 +19,21 @@ pub enum StopKind {
     Length,
 }
 
-/// How a finished reply ended, with its token counts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How a finished reply ended, with its token counts and times.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
     pub stop: StopKind,
     pub prompt_tokens: usize,
-    /// Of the prompt's tokens, those reused from the slot's history.
-    pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens not computed (the slot's history, another slot, the
+    /// prompt cache).
+    pub cached_tokens: usize,
+    /// Prompt tokens computed.
+    pub prefilled: usize,
+    /// Seconds from admission to the first sampled token (the prefill).
+    pub prompt_secs: f64,
+    /// Seconds from the first sampled token to the end.
+    pub predicted_secs: f64,
 }
 
 impl Outcome {
@@ -72,6 +79,8 @@ pub struct Job {
     /// Generated tokens streamed so far (to tell which stop string matched).
     tokens: Vec<u32>,
     pub prompt_tokens: usize,
+    /// Prompt tokens the loop did not have to compute, known at admission.
+    pub cached_tokens: usize,
 }
 
 /// Submits `req` and waits until the loop admits it (it may wait in the
@@ -82,7 +91,7 @@ pub async fn start(handle: &LoopHandle, req: GenRequest) -> Result<Job, RequestE
     let mut stream = handle.submit_async(req).await?;
     loop {
         match stream.recv_async().await {
-            Some(Event::Started { .. }) => {
+            Some(Event::Started { prefill, .. }) => {
                 return Ok(Job {
                     stream,
                     tokenizer: handle
@@ -93,6 +102,7 @@ pub async fn start(handle: &LoopHandle, req: GenRequest) -> Result<Job, RequestE
                     stops,
                     tokens: Vec::new(),
                     prompt_tokens,
+                    cached_tokens: prompt_tokens.saturating_sub(prefill),
                 });
             }
             Some(Event::Failed(e)) => return Err(e),
@@ -128,8 +138,11 @@ impl Job {
                     return Step::Done(Outcome {
                         stop,
                         prompt_tokens: f.usage.prompt_tokens,
-                        cached_tokens: f.usage.prompt_tokens.saturating_sub(f.usage.prefilled),
                         completion_tokens: f.usage.completion_tokens,
+                        cached_tokens: f.usage.cached(),
+                        prefilled: f.usage.prefilled,
+                        prompt_secs: f.first_token_secs,
+                        predicted_secs: (f.total_secs - f.first_token_secs).max(0.0),
                     });
                 }
                 Some(Event::Failed(e)) => return Step::Failed(e),

@@ -72,8 +72,20 @@ pub fn render(m: &MetricsSnapshot, s: &SourceStats, slots: usize) -> String {
     o.one(
         "colibri_prefilled_tokens_total",
         "counter",
-        "Prompt tokens computed (the rest were reused from a slot's history).",
+        "Prompt tokens computed (the rest were reused from a slot's history, another slot or the prompt cache).",
         m.prefilled_tokens,
+    );
+    o.one(
+        "colibri_prompt_cache_restored_tokens_total",
+        "counter",
+        "Prompt positions copied from another slot or the prompt cache instead of computed.",
+        m.restored_tokens,
+    );
+    o.one(
+        "colibri_prompt_cache_bytes",
+        "gauge",
+        "Bytes the prompt cache holds.",
+        m.prompt_cache_bytes,
     );
     o.one(
         "colibri_generated_tokens_total",

@@ -106,6 +106,21 @@ fn usage(o: &Outcome) -> Value {
     })
 }
 
+/// llama-server's `timings`: prompt tokens computed (`prompt_n`) and
+/// reused (`cache_n`), the prefill and the generation with their speeds.
+fn timings(o: &Outcome) -> Value {
+    let per_second = |n: usize, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    json!({
+        "cache_n": o.cached_tokens,
+        "prompt_n": o.prefilled,
+        "prompt_ms": o.prompt_secs * 1e3,
+        "prompt_per_second": per_second(o.prefilled, o.prompt_secs),
+        "predicted_n": o.completion_tokens,
+        "predicted_ms": o.predicted_secs * 1e3,
+        "predicted_per_second": per_second(o.completion_tokens, o.predicted_secs),
+    })
+}
+
 fn read_body(body: Result<Bytes, BytesRejection>) -> Result<serde_json::Map<String, Value>, ApiError> {
     let bytes = body.map_err(|r| ApiError::body(&r))?;
     parse_object(&bytes)
@@ -173,6 +188,7 @@ pub async fn chat_completions(
                 "finish_reason": o.openai_reason(),
             }],
             "usage": usage(&o),
+            "timings": timings(&o),
         }),
     ))
 }
@@ -265,6 +281,7 @@ pub async fn completions(
                 "finish_reason": o.openai_reason(),
             }],
             "usage": usage(&o),
+            "timings": timings(&o),
         }),
     ))
 }
@@ -325,7 +342,9 @@ impl Format for Chunks {
 
     fn done(&mut self, o: &Outcome) -> Vec<Event> {
         let empty = if self.chat { json!({}) } else { json!("") };
-        let mut out = vec![sse::data(&self.chunk(empty, Some(o.openai_reason())))];
+        let mut last = self.chunk(empty, Some(o.openai_reason()));
+        last["timings"] = timings(o);
+        let mut out = vec![sse::data(&last)];
         if self.include_usage {
             out.push(sse::data(&json!({
                 "id": self.id,
@@ -334,6 +353,7 @@ impl Format for Chunks {
                 "model": self.model,
                 "choices": [],
                 "usage": usage(o),
+                "timings": timings(o),
             })));
         }
         out.push(done_marker());

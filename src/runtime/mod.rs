@@ -8,8 +8,11 @@
 pub mod compute;
 pub mod decode_loop;
 pub mod limits;
+pub mod prompt_cache;
 pub mod request;
 pub mod stop;
+#[cfg(test)]
+mod test_state;
 
 pub use decode_loop::{
     Canceller, DecodeLoop, LoopConfig, LoopError, LoopHandle, MetricsSnapshot, ModelInfo, RequestStream,

@@ -16,9 +16,9 @@ pub enum SlotChoice {
     /// This slot; refused with [`RequestError::SlotBusy`] while another
     /// request runs in it.
     Exact(usize),
-    /// Any free slot (the one whose history shares the longest prefix with
-    /// the prompt, else the least recently used); waits in the admission
-    /// queue while all are busy.
+    /// Any free slot (the one whose history is worth most to the prompt:
+    /// `decode_loop/slots.rs`); waits in the admission queue while all are
+    /// busy.
     Any,
 }
 
@@ -65,6 +65,14 @@ pub struct Usage {
     pub prefilled: usize,
     /// Tokens generated (a stop token included, as it was sampled).
     pub completion_tokens: usize,
+}
+
+impl Usage {
+    /// Prompt tokens not computed for this request: reused from the slot's
+    /// history, or copied from another slot or the prompt cache.
+    pub fn cached(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.prefilled)
+    }
 }
 
 /// How a request ended, with what the STAT lines and usage fields print.

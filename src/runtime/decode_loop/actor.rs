@@ -20,11 +20,12 @@ use super::active::{Active, Next};
 use super::metrics::Metrics;
 use super::msg::{LoopMsg, Reply};
 use super::slots::{Slot, choose_free, common_prefix};
-use crate::engine::SlotStore;
+use crate::engine::{Session, SlotStore};
 use crate::model::expert::ExpertWeights;
 use crate::model::lm::Logits;
 use crate::runtime::compute::{ComputeHandle, Step, StepDone, StepItem};
 use crate::runtime::limits;
+use crate::runtime::prompt_cache::PromptCache;
 use crate::runtime::request::{
     Event, FinishReason, GenRequest, PromptMode, RequestError, RequestId, SlotChoice, Usage,
 };
@@ -54,6 +55,8 @@ pub(super) struct LoopActor {
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub stop_ids: Vec<u32>,
     pub slots: Vec<Slot>,
+    /// Histories evicted from slots, for conversations that come back.
+    pub cache: PromptCache,
     pub store: Option<SlotStore>,
     pub diag: Box<dyn Write + Send>,
     pub metrics: Arc<Metrics>,
@@ -277,7 +280,7 @@ impl LoopActor {
     /// Puts the prompt into the slot's history and makes the request active.
     fn start(&mut self, q: Queued, slot: usize) {
         let Queued { id, req, events } = q;
-        let Some(session) = self.slots[slot].session.as_mut() else {
+        let Some(mut session) = self.slots[slot].session.take() else {
             let _ = events.send(Event::Failed(RequestError::SlotBusy(slot)));
             return;
         };
@@ -286,15 +289,19 @@ impl LoopActor {
             PromptMode::Replace => req.prompt.len(),
             PromptMode::Append => session.tokens.len() + req.prompt.len(),
         };
-        if !limits::fits_context(held_after, self.limits.max_ctx) {
-            let _ = events.send(Event::Failed(RequestError::ContextExceeded {
+        let refused = if !limits::fits_context(held_after, self.limits.max_ctx) {
+            Some(RequestError::ContextExceeded {
                 used: held_after,
                 limit: self.limits.max_ctx,
-            }));
-            return;
-        }
-        if held_after == 0 {
-            let _ = events.send(Event::Failed(RequestError::EmptyPrompt));
+            })
+        } else if held_after == 0 {
+            Some(RequestError::EmptyPrompt)
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            self.slots[slot].session = Some(session);
+            let _ = events.send(Event::Failed(e));
             return;
         }
         let mut truncated_to = None;
@@ -303,6 +310,13 @@ impl LoopActor {
                 // Reuse the common prefix, but always compute the prompt's
                 // last token: its logits start the reply.
                 let keep = common_prefix(&session.tokens, &req.prompt).min(req.prompt.len() - 1);
+                let computed = session.kv.len().min(session.tokens.len());
+                if keep < computed {
+                    // Another conversation's history is overwritten: what
+                    // it computed lives on in the prompt cache.
+                    self.cache
+                        .insert(&session.tokens[..computed], session.kv.as_ref());
+                }
                 if keep < session.tokens.len() {
                     session.truncate(keep);
                     truncated_to = Some(keep);
@@ -311,6 +325,7 @@ impl LoopActor {
             }
             PromptMode::Append => session.tokens.extend_from_slice(&req.prompt),
         }
+        let restored = self.restore_prefix(slot, &mut session);
         if session.kv.len() == session.tokens.len() && session.last_logits.is_none() {
             // Nothing to compute and no logits kept (a restored slot): the
             // last token is computed again to start the reply.
@@ -320,10 +335,13 @@ impl LoopActor {
         let held = session.tokens.len();
         let prefill = held - session.kv.len();
         let budget = limits::reply_budget(held, req.max_tokens, self.limits.max_ctx);
+        self.slots[slot].session = Some(session);
         if let Some(len) = truncated_to {
             self.with_store(|st| st.truncate(slot, len));
         }
         self.admissions += 1;
+        Metrics::add(&self.metrics.restored_tokens, restored as u64);
+        Metrics::set(&self.metrics.prompt_cache_bytes, self.cache.used_bytes());
         let s = &mut self.slots[slot];
         s.owner = Some(id);
         s.last_used = self.admissions;
@@ -364,6 +382,52 @@ impl LoopActor {
             // Logits already known (a continuation of a computed history).
             self.after_logits(idx, None);
         }
+    }
+
+    /// Extends `session` (slot `slot`'s, taken out) past the positions it
+    /// already has with positions computed after the same tokens elsewhere:
+    /// another slot's history or the prompt cache, whichever holds more of
+    /// them. Never the last token, which is computed for its logits.
+    /// Returns the positions copied.
+    fn restore_prefix(&mut self, slot: usize, session: &mut Session) -> usize {
+        let want = session.tokens.len().saturating_sub(1);
+        let have = session.kv.len();
+        // `--prompt-cache-mb 0` turns copying off altogether (the slot's
+        // own history is still reused).
+        if have >= want || !self.cache.enabled() {
+            return 0;
+        }
+        let tokens = &session.tokens[..want];
+        let donor = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != slot)
+            .map(|(i, s)| (i, common_prefix(s.tokens(), tokens).min(s.computed())))
+            .max_by_key(|&(_, n)| n)
+            .filter(|&(_, n)| n > have);
+        let cached = self.cache.longest(tokens);
+        let copied = match donor {
+            Some((i, n)) if n >= cached => {
+                let Some(from) = self.slots[i].session.as_ref() else {
+                    return 0;
+                };
+                let mut copied = 0;
+                for pos in have..n {
+                    if !session.kv.push_position_bytes(&from.kv.position_bytes(pos)) {
+                        break;
+                    }
+                    copied += 1;
+                }
+                copied
+            }
+            _ if cached > have => self.cache.restore(tokens, session.kv.as_mut()),
+            _ => 0,
+        };
+        if copied > 0 {
+            session.last_logits = None;
+        }
+        copied
     }
 
     fn cancel(&mut self, id: RequestId) {

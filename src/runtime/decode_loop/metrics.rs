@@ -12,6 +12,11 @@ pub struct Metrics {
     pub completed: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub prefilled_tokens: AtomicU64,
+    /// Prompt positions copied from another slot or the prompt cache
+    /// instead of computed (part of the prompt tokens not prefilled).
+    pub restored_tokens: AtomicU64,
+    /// Bytes the prompt cache holds (gauge).
+    pub prompt_cache_bytes: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub steps: AtomicU64,
     /// Sequences summed over steps (mean batch = this / steps).
@@ -33,6 +38,8 @@ pub struct MetricsSnapshot {
     pub completed: u64,
     pub prompt_tokens: u64,
     pub prefilled_tokens: u64,
+    pub restored_tokens: u64,
+    pub prompt_cache_bytes: u64,
     pub generated_tokens: u64,
     pub steps: u64,
     pub step_rows: u64,
@@ -61,6 +68,8 @@ impl Metrics {
             completed: g(&self.completed),
             prompt_tokens: g(&self.prompt_tokens),
             prefilled_tokens: g(&self.prefilled_tokens),
+            restored_tokens: g(&self.restored_tokens),
+            prompt_cache_bytes: g(&self.prompt_cache_bytes),
             generated_tokens: g(&self.generated_tokens),
             steps: g(&self.steps),
             step_rows: g(&self.step_rows),

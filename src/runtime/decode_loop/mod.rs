@@ -25,6 +25,7 @@ pub use msg::LoopMsg;
 use self::actor::{Limits, LoopActor};
 use self::slots::Slot;
 use super::compute::ComputeHandle;
+use super::prompt_cache::PromptCache;
 use super::request::{Event, GenRequest, MAX_SLOTS, RequestError, RequestId};
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::engine::{Engine, Session, SlotStore, template_family};
@@ -79,6 +80,8 @@ pub struct ModelInfo {
     pub slots: usize,
     /// True when conversations are saved to state files.
     pub saving: bool,
+    /// The prompt cache's byte budget (0: off).
+    pub prompt_cache_bytes: u64,
     pub stop_ids: Vec<u32>,
 }
 
@@ -151,6 +154,8 @@ impl DecodeLoop {
                 diag.as_mut(),
             )
         });
+        let record_bytes = sessions.first().map_or(0, |s| s.kv.record_bytes());
+        let cache = PromptCache::new(engine.memory.needs.prompt_cache_bytes, record_bytes);
         let source: Arc<dyn ExpertSource<ExpertWeights>> = engine.model.source().clone();
         let vocab = engine.model.vocab_size();
         let info = Arc::new(ModelInfo {
@@ -165,6 +170,7 @@ impl DecodeLoop {
             vocab,
             slots: cfg.slots,
             saving: store.is_some(),
+            prompt_cache_bytes: cache.budget_bytes(),
             stop_ids: engine.stop_ids.clone(),
         });
         let Engine { model, stop_ids, .. } = engine;
@@ -186,6 +192,7 @@ impl DecodeLoop {
             tokenizer,
             stop_ids,
             slots: sessions.into_iter().map(Slot::new).collect(),
+            cache,
             store,
             diag,
             metrics: metrics.clone(),
