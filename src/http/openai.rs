@@ -55,6 +55,7 @@ fn call(p: &Params, d: &Defaults, budget_names: &[&str]) -> Result<Call, ApiErro
             sampling,
             stop,
             stream,
+            constraint: None,
         },
         include_usage,
     })

@@ -42,6 +42,8 @@ pub struct Generation {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub stream: bool,
+    /// `response_format`, `grammar` or a forced tool call, when asked for.
+    pub constraint: Option<crate::runtime::constraint::ConstraintSpec>,
 }
 
 impl Generation {
@@ -54,6 +56,7 @@ impl Generation {
             max_tokens: self.max_tokens,
             sampling: self.sampling,
             stop: self.stop.clone(),
+            constraint: self.constraint.clone(),
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct GenRequest {
     pub sampling: SamplingParams,
     /// Text that ends the reply when generated (not included in it).
     pub stop: Vec<String>,
+    /// What the reply must match, enforced while sampling (`None`: free text).
+    pub constraint: Option<super::constraint::ConstraintSpec>,
 }
 
 /// Why a reply ended.
