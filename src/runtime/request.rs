@@ -139,6 +139,9 @@ pub enum RequestError {
     Cancelled,
     #[error("the server is shutting down")]
     Shutdown,
+    /// The request's constraint does not compile (refused at admission).
+    #[error("{0}")]
+    Constraint(#[from] crate::grammar::ConstraintError),
     #[error("{0}")]
     Engine(String),
 }
