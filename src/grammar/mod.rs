@@ -121,7 +121,7 @@ impl Grammars {
         for w in matcher.grammar_warnings() {
             tracing::debug!("constraint: {w}");
         }
-        Ok(Constrained::start(matcher).map_err(CompileError::Unsatisfiable)?)
+        Constrained::start(matcher).map_err(|m| CompileError::Unsatisfiable(m).into())
     }
 
     /// Greedy longest-match tokens of `text` in this vocabulary (benchmarks
@@ -156,4 +156,163 @@ pub fn compile_on_thread(
         .into()));
     }
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn tiny() -> Grammars {
+        Grammars::for_model(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny"),
+            1024,
+            &[5, 0],
+        )
+    }
+
+    fn schema(v: serde_json::Value) -> ConstraintSpec {
+        ConstraintSpec::JsonSchema {
+            schema: v,
+            strict: true,
+        }
+    }
+
+    fn compile_err(g: &Grammars, spec: ConstraintSpec) -> CompileError {
+        match g.compile(&spec) {
+            Err(ConstraintError::Compile(e)) => e,
+            Err(e) => panic!("{spec:?}: {e}"),
+            Ok(_) => panic!("{spec:?} compiled"),
+        }
+    }
+
+    #[test]
+    fn compile_errors_say_what_is_wrong() {
+        let g = tiny();
+        let e = compile_err(&g, schema(json!({"type": "strin"})));
+        assert!(
+            matches!(&e, CompileError::Schema(m) if m.contains("strin")),
+            "{e:?}"
+        );
+        let e = compile_err(
+            &g,
+            schema(json!({"properties": {"a": {"$ref": "#/$defs/b"}}, "required": ["a"]})),
+        );
+        assert_eq!(
+            e,
+            CompileError::UnknownRef {
+                reference: "#/$defs/b".into()
+            }
+        );
+        let e = compile_err(&g, schema(json!({"$ref": "other.json"})));
+        assert_eq!(
+            e,
+            CompileError::UnknownRef {
+                reference: "other.json".into()
+            }
+        );
+        let e = compile_err(&g, schema(json!({"type": "array", "uniqueItems": true})));
+        assert!(
+            matches!(&e, CompileError::Schema(m) if m.contains("uniqueItems")),
+            "{e:?}"
+        );
+        let e = compile_err(&g, schema(json!({"type": "integer", "minimum": 5, "maximum": 1})));
+        assert!(matches!(e, CompileError::Unsatisfiable(_)), "{e:?}");
+        let e = compile_err(&g, ConstraintSpec::Lark("start: a\na: \"x\" |\n  b: ]".into()));
+        assert!(matches!(e, CompileError::GrammarAt { line: 3, .. }), "{e:?}");
+        let e = compile_err(&g, ConstraintSpec::Lark("start: nothing_here".into()));
+        assert!(e.to_string().contains("nothing_here"), "{e}");
+        // Not strict: the unknown keyword is ignored.
+        let lenient = ConstraintSpec::JsonSchema {
+            schema: json!({"type": "array", "uniqueItems": true}),
+            strict: false,
+        };
+        assert!(g.compile(&lenient).is_ok());
+    }
+
+    #[test]
+    fn gbnf_compiles_through_lark() {
+        let g = tiny();
+        let gbnf = r#"
+# llama.cpp's JSON grammar, shortened
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+"#;
+        let lark = gbnf::to_lark(gbnf).expect("translates");
+        let mut c = g.compile(&ConstraintSpec::Lark(lark)).expect("compiles");
+        // Drive it through a document: every token allowed, then complete.
+        let doc = r#"{"a": [1, -2.5e3, "x\n"], "b": {"c": true}}"#;
+        let mut logits = vec![0.0f32; 1024];
+        for t in g.greedy_tokens(doc).expect("tokens") {
+            logits.fill(0.0);
+            c.mask_logits(&mut logits).expect("mask");
+            assert!(logits[t as usize].is_finite(), "token {t} masked in {doc}");
+            c.commit(t).expect("commit");
+        }
+        logits.fill(0.0);
+        c.mask_logits(&mut logits).expect("mask");
+        assert!(
+            logits[5].is_finite(),
+            "the end token is allowed once the object is complete"
+        );
+    }
+
+    #[test]
+    fn masks_allow_exactly_the_grammar() {
+        let g = tiny();
+        let mut c = g
+            .compile(&ConstraintSpec::Lark(r#"start: "yes" | "no""#.into()))
+            .expect("compiles");
+        let mut logits = vec![0.0f32; 1024];
+        c.mask_logits(&mut logits).expect("mask");
+        let allowed: Vec<usize> = (0..1024).filter(|&i| logits[i].is_finite()).collect();
+        let yes = g.greedy_tokens("yes").expect("tokens");
+        assert!(allowed.contains(&(yes[0] as usize)));
+        assert!(!allowed.contains(&5), "nothing complete yet: no end token");
+        for t in &yes {
+            logits.fill(0.0);
+            c.mask_logits(&mut logits).expect("mask");
+            assert!(logits[*t as usize].is_finite());
+            let p = c.commit(*t).expect("commit");
+            if Some(t) == yes.last() {
+                assert_eq!(p, Progress::Complete);
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_inputs_are_errors_or_grammars_never_panics() {
+        let g = tiny();
+        let mut deep = json!({"type": "integer"});
+        for _ in 0..120 {
+            deep = json!({"type": "object", "properties": {"a": deep}, "required": ["a"]});
+        }
+        for spec in [
+            schema(deep),
+            schema(json!({"$ref": "#"})),
+            schema(json!({"type": "string", "pattern": "(a*)*b{1000}"})),
+            schema(json!({"type": "string", "pattern": "(?<=x)y"})),
+            schema(json!({"type": "array", "items": {"$ref": "#/items"}})),
+            ConstraintSpec::Lark("start: start start | \"a\"".into()),
+            ConstraintSpec::Lark(format!("start: {}\"a\"{}", "(".repeat(500), ")".repeat(500))),
+            ConstraintSpec::Lark("start: %json {\"type\": 3}".into()),
+            ConstraintSpec::Lark("start: <|no-such-token|>".into()),
+            ConstraintSpec::Lark("start: /\\xff/".into()),
+        ] {
+            // Either outcome is fine; reaching here without a panic is the test.
+            let r = compile_on_thread(Arc::new(tiny()), spec.clone()).recv();
+            assert!(r.is_ok(), "{spec:?}: the compile thread died");
+        }
+        drop(g);
+    }
 }
