@@ -76,6 +76,7 @@ fn turn(h: &LoopHandle, prompt: Vec<u32>, max_tokens: usize) -> Turn {
         max_tokens,
         sampling: SamplingParams::default(),
         stop: Vec::new(),
+        constraint: None,
     };
     let mut s = h.submit(req).unwrap();
     let (mut slot, mut prefill, mut reply) = (None, 0, Vec::new());

@@ -37,6 +37,7 @@ fn req(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
         max_tokens,
         sampling: SamplingParams::default(),
         stop: Vec::new(),
+        constraint: None,
     }
 }
 

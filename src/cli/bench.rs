@@ -99,6 +99,11 @@ pub struct BenchArgs {
     /// Interleaved rounds of the `--streams` runs (medians are printed).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Also measure what constrained decoding's token mask costs per token,
+    /// against the measured decode step (docs/benchmarks.md, "Constrained
+    /// decoding"): `json` for any JSON object, `schema` for a JSON schema.
+    #[arg(long, value_name = "KIND")]
+    pub grammar_bench: Option<crate::grammar::measure::BenchGrammar>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -376,6 +381,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         }
     }
 
+    if let Some(kind) = args.grammar_bench {
+        grammar_report(&mut out, &dir, &cfg, kind, &passes[0].result)?;
+    }
+
     let first = &passes[0].result.tokens;
     let same = passes.iter().all(|p| &p.result.tokens == first);
     if same {
@@ -391,6 +400,61 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         }
     }
     Ok(same)
+}
+
+/// Passes of the mask measurement (each compiles the constraint afresh).
+const GRAMMAR_PASSES: usize = 5;
+
+/// The mask cost of `kind` over the model's vocabulary (its tokenizer.json,
+/// or a stand-in of the same size for synthetic models), and its share of
+/// the measured decode step.
+fn grammar_report(
+    out: &mut dyn Write,
+    dir: &Path,
+    cfg: &ModelShape,
+    kind: crate::grammar::measure::BenchGrammar,
+    measured: &PassResult,
+) -> anyhow::Result<()> {
+    use crate::grammar::{Grammars, tokens};
+    let vocab = cfg.vocab_size;
+    let stops = crate::engine::stop_ids(dir, Vec::new());
+    let (grammars, which) = if dir.join("tokenizer.json").is_file() {
+        let stops = if stops.is_empty() { vec![0] } else { stops };
+        (
+            Grammars::for_model(dir, vocab, &stops),
+            "the model's tokenizer.json",
+        )
+    } else {
+        let words = tokens::synthetic_vocabulary(vocab, 1);
+        let end = vocab.saturating_sub(1) as u32;
+        (
+            Grammars::from_words(words, vocab, &[end]),
+            "a synthetic byte-level vocabulary of the same size",
+        )
+    };
+    let cost = crate::grammar::measure::mask_cost(&grammars, kind, GRAMMAR_PASSES)
+        .context("measuring the grammar mask")?;
+    writeln!(
+        out,
+        "grammar mask        {:>10.1} us/token  ({kind:?}: mean over {} tokens x {} passes, max {:.1} us; vocab {vocab}, {which}; compile {:.2} ms, vocabulary setup {:.0} ms)",
+        cost.mean_us,
+        cost.tokens,
+        cost.passes,
+        cost.max_us,
+        cost.compile_us / 1e3,
+        cost.setup_us / 1e3,
+    )?;
+    let tps = measured.tok_per_s();
+    if tps > 0.0 {
+        let step_us = 1e6 / tps;
+        writeln!(
+            out,
+            "mask / decode step  {:>10.2} %        (mean mask / the measured pass's {:.0} us a token; computed while the step runs, so an upper bound)",
+            100.0 * cost.mean_us / step_us,
+            step_us
+        )?;
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

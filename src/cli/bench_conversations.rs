@@ -66,6 +66,7 @@ fn turn(h: &LoopHandle, prompt: Vec<u32>, tokens: usize) -> anyhow::Result<(usiz
         max_tokens: tokens,
         sampling: SamplingParams::default(),
         stop: Vec::new(),
+        constraint: None,
     };
     let t0 = Instant::now();
     let mut s = h.submit(req)?;

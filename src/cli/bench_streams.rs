@@ -56,6 +56,7 @@ fn request(prompt: &[u32], tokens: usize, temperature: f32, seed: u64) -> GenReq
             seed,
         },
         stop: Vec::new(),
+        constraint: None,
     }
 }
 

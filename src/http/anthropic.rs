@@ -70,6 +70,8 @@ fn generation(p: &Params, st: &Shared) -> Result<Generation, ApiError> {
         sampling,
         stop: request::stops(p, "stop_sequences", limits::ANTHROPIC_MAX_STOPS, false)?,
         stream: p.bool("stream")?.unwrap_or(false),
+        constraint: None,
+        constraint_param: None,
     })
 }
 

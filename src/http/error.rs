@@ -128,6 +128,9 @@ impl ApiError {
                 "The server is shutting down.",
             )
             .with_code("shutting_down"),
+            // The front end names the field it came from where it can
+            // (`Generation::refusal`).
+            RequestError::Constraint(c) => Self::malformed(c.to_string()),
             other => Self::internal(other.to_string()),
         }
     }

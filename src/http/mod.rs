@@ -9,6 +9,8 @@
 //! - [`json`] holds reading request bodies (typed getters that name the
 //!   parameter in their errors) and writing JSON replies;
 //! - [`error`] holds errors in OpenAI's and Anthropic's shapes, with statuses;
+//! - [`constraint`] holds the fields that constrain a reply (`response_format`,
+//!   `grammar`, `json_schema`);
 //! - [`request`] holds server defaults and the [`GenRequest`](crate::runtime::GenRequest) a call becomes;
 //! - [`generate`] holds one admitted request's events, and why it stopped;
 //! - [`sse`] holds server-sent events over a running request;
@@ -23,6 +25,7 @@
 
 pub mod anthropic;
 pub mod auth;
+pub mod constraint;
 pub mod error;
 pub mod generate;
 pub mod info;

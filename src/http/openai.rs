@@ -43,6 +43,7 @@ fn call(p: &Params, d: &Defaults, budget_names: &[&str]) -> Result<Call, ApiErro
     p.refuse_unless("top_logprobs", is_off, "log probabilities are not supported")?;
     let stop = request::stops(p, "stop", limits::OPENAI_MAX_STOPS, true)?;
     let stream = p.bool("stream")?.unwrap_or(false);
+    let constraint = super::constraint::parse(p)?;
     let include_usage = match p.object("stream_options")? {
         Some(o) => Params::at(o, "stream_options")
             .bool("include_usage")?
@@ -55,6 +56,8 @@ fn call(p: &Params, d: &Defaults, budget_names: &[&str]) -> Result<Call, ApiErro
             sampling,
             stop,
             stream,
+            constraint_param: constraint.as_ref().map(|c| c.param.clone()),
+            constraint: constraint.map(|c| c.spec),
         },
         include_usage,
     })
@@ -135,11 +138,6 @@ pub async fn chat_completions(
     let p = Params::new(&obj);
     p.refuse_unless("tools", is_off, "tools are not supported")?;
     p.refuse_unless("functions", is_off, "functions are not supported")?;
-    p.refuse_unless(
-        "response_format",
-        |v| v.get("type").and_then(Value::as_str) == Some("text"),
-        "only {\"type\": \"text\"} is supported",
-    )?;
     let messages = chat_messages(&p)?;
     let c = call(&p, &st.defaults, &["max_completion_tokens", "max_tokens"])?;
     let info = st.handle.info();
@@ -156,7 +154,7 @@ pub async fn chat_completions(
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let job = generate::start(&st.handle, c.generation.request(prompt))
         .await
-        .map_err(|e| ApiError::from_request(&e, "messages"))?;
+        .map_err(|e| c.generation.refusal(&e, "messages"))?;
     let chunks = Chunks {
         id: st.next_id("chatcmpl-"),
         created: unix_now(),
@@ -252,7 +250,7 @@ pub async fn completions(
     let c = call(&p, &st.defaults, &["max_tokens"])?;
     let job = generate::start(&st.handle, c.generation.request(prompt))
         .await
-        .map_err(|e| ApiError::from_request(&e, "prompt"))?;
+        .map_err(|e| c.generation.refusal(&e, "prompt"))?;
     let chunks = Chunks {
         id: st.next_id("cmpl-"),
         created: unix_now(),

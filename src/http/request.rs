@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::json::Params;
 use crate::runtime::limits;
-use crate::runtime::{GenRequest, PromptMode, SlotChoice};
+use crate::runtime::{GenRequest, PromptMode, RequestError, SlotChoice};
 use crate::sampling::SamplingParams;
 
 /// What a request gets for parameters it does not send (the serve flags).
@@ -42,6 +42,11 @@ pub struct Generation {
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub stream: bool,
+    /// `response_format`, `grammar` or a forced tool call, when asked for.
+    pub constraint: Option<crate::runtime::constraint::ConstraintSpec>,
+    /// The parameter `constraint` came from, which the 400 names when it
+    /// does not compile (None: `tools`, where forced tool calls come from).
+    pub constraint_param: Option<String>,
 }
 
 impl Generation {
@@ -54,6 +59,20 @@ impl Generation {
             max_tokens: self.max_tokens,
             sampling: self.sampling,
             stop: self.stop.clone(),
+            constraint: self.constraint.clone(),
+        }
+    }
+
+    /// The API error for a request the loop refused: a constraint that does
+    /// not compile is a 400 naming the parameter it came from; the rest is
+    /// [`ApiError::from_request`] (`prompt_param` holds the prompt).
+    pub fn refusal(&self, e: &RequestError, prompt_param: &str) -> ApiError {
+        match e {
+            RequestError::Constraint(c) => {
+                let param = self.constraint_param.as_deref().unwrap_or("tools");
+                ApiError::invalid(param, format!("Invalid '{param}': {c}"))
+            }
+            other => ApiError::from_request(other, prompt_param),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! engine below never depends on a front end.
 
 pub mod compute;
+pub mod constraint;
 pub mod decode_loop;
 pub mod limits;
 pub mod prompt_cache;

@@ -43,6 +43,8 @@ pub struct GenRequest {
     pub sampling: SamplingParams,
     /// Text that ends the reply when generated (not included in it).
     pub stop: Vec<String>,
+    /// What the reply must match, enforced while sampling (`None`: free text).
+    pub constraint: Option<super::constraint::ConstraintSpec>,
 }
 
 /// Why a reply ended.
@@ -145,6 +147,9 @@ pub enum RequestError {
     Cancelled,
     #[error("the server is shutting down")]
     Shutdown,
+    /// The request's constraint does not compile (refused at admission).
+    #[error("{0}")]
+    Constraint(#[from] crate::grammar::ConstraintError),
     #[error("{0}")]
     Engine(String),
 }

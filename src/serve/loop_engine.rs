@@ -127,6 +127,7 @@ impl ServeEngine for LoopServer {
                 seed: params.seed.unwrap_or_else(fresh_seed),
             },
             stop: Vec::new(),
+            constraint: None,
         };
         let mut stream = self.handle.submit(req)?;
         let mut stopped = false;

@@ -1,10 +1,12 @@
-//! A request admitted into a slot: its sampler, stop rules, streaming text
-//! decoder and counters. Turning logits into the next event happens here.
+//! A request admitted into a slot: its sampler, stop rules, constraint,
+//! streaming text decoder and counters. Turning logits into the next event
+//! happens here.
 
 use std::time::Instant;
 
 use colibri_actors::SourceStats;
 
+use crate::grammar::{Constrained, EnforceError, Progress};
 use crate::runtime::request::{Event, Finish, FinishReason, RequestId, Usage};
 use crate::runtime::stop::StopMatcher;
 use crate::sampling::Sampler;
@@ -27,6 +29,8 @@ pub struct Active {
     pub stats_before: SourceStats,
     /// Cancelled while lent to a step: finished when the step returns.
     pub cancelled: bool,
+    /// What the reply must match (None: free text, and no cost).
+    pub constraint: Option<Constrained>,
 }
 
 /// What sampling one token decided.
@@ -35,19 +39,29 @@ pub enum Next {
     Continue,
     /// The request is over.
     Finished(FinishReason, bool),
+    /// The constraint could not be enforced: the request fails.
+    Failed(EnforceError),
 }
 
 impl Active {
-    /// Samples from `logits`, appends the token to `history` (computed at
-    /// the next step, or at the next request on this slot), streams its
-    /// text and applies the stop rules.
+    /// Samples from `logits` (masked first by the constraint, if any),
+    /// appends the token to `history` (computed at the next step, or at the
+    /// next request on this slot), streams its text and applies the stop
+    /// rules. A constraint that is complete ends the reply as its end token
+    /// would: the token is appended without a forward step, since the mask
+    /// would allow nothing else.
     pub fn sample(
         &mut self,
-        logits: &[f32],
+        logits: &mut [f32],
         history: &mut Vec<u32>,
         stop_ids: &[u32],
         tok: Option<&Tokenizer>,
     ) -> Next {
+        if let Some(c) = self.constraint.as_mut()
+            && let Err(e) = c.mask_logits(logits)
+        {
+            return Next::Failed(e);
+        }
         let id = self.sampler.sample(logits);
         self.generated += 1;
         self.usage.completion_tokens += 1;
@@ -60,6 +74,11 @@ impl Active {
             self.send_text(rest, Vec::new());
             return Next::Finished(FinishReason::Stop, false);
         }
+        let progress = match self.constraint.as_mut().map(|c| c.commit(id)) {
+            Some(Err(e)) => return Next::Failed(e),
+            Some(Ok(p)) => p,
+            None => Progress::Open,
+        };
         self.emitted += 1;
         let piece = match tok.map(|t| self.detok.push(t, id)) {
             Some(Ok(p)) => p,
@@ -72,6 +91,19 @@ impl Active {
         let released = self.stop.push(&piece);
         self.send_text(released.text, vec![id]);
         if released.stopped {
+            return Next::Finished(FinishReason::Stop, false);
+        }
+        if progress == Progress::Complete {
+            // Within the budget only: the history never outgrows the context.
+            if let Some(&end) = stop_ids.first()
+                && self.generated < self.budget
+            {
+                history.push(end);
+                self.generated += 1;
+                self.usage.completion_tokens += 1;
+            }
+            let rest = self.stop.finish();
+            self.send_text(rest, Vec::new());
             return Next::Finished(FinishReason::Stop, false);
         }
         if self.generated >= self.budget {

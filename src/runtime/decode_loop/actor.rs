@@ -15,12 +15,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use colibri_actors::{ExpertSource, Tag};
+use rayon::prelude::*;
 
 use super::active::{Active, Next};
 use super::metrics::Metrics;
 use super::msg::{LoopMsg, Reply};
 use super::slots::{Slot, choose_free, common_prefix};
 use crate::engine::{Session, SlotStore};
+use crate::grammar::Constrained;
 use crate::model::expert::ExpertWeights;
 use crate::model::lm::Logits;
 use crate::runtime::compute::{ComputeHandle, Step, StepDone, StepItem};
@@ -38,6 +40,7 @@ pub(super) struct Queued {
     id: RequestId,
     req: GenRequest,
     events: flume::Sender<Event>,
+    constraint: Option<Constrained>,
 }
 
 /// Settings the loop runs with (see [`super::LoopConfig`]).
@@ -109,7 +112,12 @@ impl LoopActor {
 
     fn on_msg(&mut self, msg: LoopMsg) {
         match msg {
-            LoopMsg::Submit { id, req, events } => self.submit(id, req, events),
+            LoopMsg::Submit {
+                id,
+                req,
+                events,
+                constraint,
+            } => self.submit(id, req, events, constraint),
             LoopMsg::Cancel { id } => self.cancel(id),
             LoopMsg::SlotTokens { slot, reply } => {
                 let r = self.idle_slot(slot).map(|s| s.tokens().to_vec());
@@ -201,7 +209,13 @@ impl LoopActor {
         }
     }
 
-    fn submit(&mut self, id: RequestId, req: GenRequest, events: flume::Sender<Event>) {
+    fn submit(
+        &mut self,
+        id: RequestId,
+        req: GenRequest,
+        events: flume::Sender<Event>,
+        constraint: Option<Constrained>,
+    ) {
         Metrics::add(&self.metrics.requests, 1);
         let refuse = |e: RequestError| {
             let _ = events.send(Event::Failed(e));
@@ -241,7 +255,12 @@ impl LoopActor {
             Metrics::add(&self.metrics.rejected, 1);
             return refuse(RequestError::QueueFull(self.queue.len()));
         }
-        self.queue.push_back(Queued { id, req, events });
+        self.queue.push_back(Queued {
+            id,
+            req,
+            events,
+            constraint,
+        });
     }
 
     /// Moves queued requests into free slots, oldest first.
@@ -279,7 +298,12 @@ impl LoopActor {
 
     /// Puts the prompt into the slot's history and makes the request active.
     fn start(&mut self, q: Queued, slot: usize) {
-        let Queued { id, req, events } = q;
+        let Queued {
+            id,
+            req,
+            events,
+            constraint,
+        } = q;
         let Some(mut session) = self.slots[slot].session.take() else {
             let _ = events.send(Event::Failed(RequestError::SlotBusy(slot)));
             return;
@@ -372,6 +396,7 @@ impl LoopActor {
             first_token_secs: None,
             stats_before: self.source.stats(),
             cancelled: gone,
+            constraint,
         });
         let idx = self.active.len() - 1;
         if gone {
@@ -491,7 +516,7 @@ impl LoopActor {
         if let Some(l) = logits {
             session.last_logits = Some(l);
         }
-        let Some(l) = session.last_logits.take() else {
+        let Some(mut l) = session.last_logits.take() else {
             self.fail(i, RequestError::Engine("no logits to sample from".into()));
             return;
         };
@@ -501,13 +526,19 @@ impl LoopActor {
             self.end(i, FinishReason::Length, true);
             return;
         }
-        let next = a.sample(&l, &mut session.tokens, &self.stop_ids, self.tokenizer.as_deref());
+        let next = a.sample(
+            &mut l,
+            &mut session.tokens,
+            &self.stop_ids,
+            self.tokenizer.as_deref(),
+        );
         Metrics::add(&self.metrics.generated_tokens, 1);
         let cancelled = a.cancelled;
         match next {
             _ if cancelled => self.end(i, FinishReason::Cancelled, false),
             Next::Continue => {}
             Next::Finished(reason, limited) => self.end(i, reason, limited),
+            Next::Failed(e) => self.fail(i, RequestError::Engine(e.to_string())),
         }
     }
 
@@ -516,6 +547,8 @@ impl LoopActor {
         let chunk = self.limits.prefill_chunk.max(1);
         let mut items = Vec::with_capacity(self.active.len());
         let mut owners = Vec::with_capacity(self.active.len());
+        // Requests that sample after this step and need a mask for it.
+        let mut masks = Vec::new();
         for a in &self.active {
             let Some(session) = self.slots[a.slot].session.take() else {
                 continue;
@@ -527,6 +560,9 @@ impl LoopActor {
             } else {
                 Logits::None
             };
+            if logits == Logits::Last && a.constraint.as_ref().is_some_and(Constrained::needs_mask) {
+                masks.push(a.id);
+            }
             items.push(StepItem {
                 tokens: pending[..n].to_vec(),
                 session,
@@ -547,6 +583,9 @@ impl LoopActor {
             None => Err(step),
         };
         let t0 = Instant::now();
+        if sent.is_ok() {
+            self.prepare_masks(&masks);
+        }
         let outcome = match sent {
             Ok(()) => self.wait_step(&done, &owners),
             Err(step) => StepDone {
@@ -563,6 +602,29 @@ impl LoopActor {
         Metrics::add(&self.metrics.step_micros, (secs * 1e6) as u64);
         tracing::debug!(rows, seqs = owners.len(), secs, "step");
         self.after_step(outcome, &owners, secs);
+    }
+
+    /// Computes the masks of the constrained requests in `ids` while the
+    /// compute actor runs the step that gives their logits, in parallel when
+    /// there are several. A mask depends only on the tokens committed
+    /// before, so the tokens sampled do not depend on the thread count.
+    fn prepare_masks(&mut self, ids: &[RequestId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        let mut todo: Vec<&mut Constrained> = self
+            .active
+            .iter_mut()
+            .filter(|a| ids.contains(&a.id))
+            .filter_map(|a| a.constraint.as_mut())
+            .collect();
+        if todo.len() == 1 {
+            todo[0].prepare();
+        } else {
+            todo.par_iter_mut().for_each(|c| c.prepare());
+        }
+        tracing::debug!(masks = todo.len(), secs = t0.elapsed().as_secs_f64(), "masks");
     }
 
     /// Waits for the step while answering messages; when every request of

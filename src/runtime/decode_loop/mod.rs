@@ -29,6 +29,7 @@ use super::prompt_cache::PromptCache;
 use super::request::{Event, GenRequest, MAX_SLOTS, RequestError, RequestId};
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::engine::{Engine, Session, SlotStore, template_family};
+use crate::grammar::{Constrained, ConstraintError, Grammars};
 use crate::model::expert::ExpertWeights;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -83,6 +84,8 @@ pub struct ModelInfo {
     /// The prompt cache's byte budget (0: off).
     pub prompt_cache_bytes: u64,
     pub stop_ids: Vec<u32>,
+    /// Compiles requests' constraints against this model's vocabulary.
+    pub grammars: Arc<Grammars>,
 }
 
 impl ModelInfo {
@@ -172,6 +175,7 @@ impl DecodeLoop {
             saving: store.is_some(),
             prompt_cache_bytes: cache.budget_bytes(),
             stop_ids: engine.stop_ids.clone(),
+            grammars: Arc::new(Grammars::for_model(&engine.dir, vocab, &engine.stop_ids)),
         });
         let Engine { model, stop_ids, .. } = engine;
         let compute = ComputeHandle::spawn(model, cfg.threads).map_err(|source| LoopError::Thread {
@@ -272,7 +276,7 @@ impl LoopHandle {
         self.source.stats()
     }
 
-    fn prepare(&self, req: GenRequest) -> (LoopMsg, RequestStream) {
+    fn prepare(&self, req: GenRequest, constraint: Option<Constrained>) -> (LoopMsg, RequestStream) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = flume::unbounded();
         let stream = RequestStream {
@@ -281,20 +285,47 @@ impl LoopHandle {
             tx: self.tx.clone(),
             done: false,
         };
-        (LoopMsg::Submit { id, req, events }, stream)
+        (
+            LoopMsg::Submit {
+                id,
+                req,
+                events,
+                constraint,
+            },
+            stream,
+        )
+    }
+
+    /// Starts compiling the request's constraint, if it has one, on a
+    /// thread of its own (never on the decode loop, whose other streams
+    /// would wait).
+    fn compile(&self, req: &GenRequest) -> Option<flume::Receiver<Result<Constrained, ConstraintError>>> {
+        req.constraint
+            .clone()
+            .map(|spec| crate::grammar::compile_on_thread(self.info.grammars.clone(), spec))
     }
 
     /// Submits a request; its events arrive on the returned stream (the
     /// first says whether it was admitted). Dropping the stream cancels it.
+    /// A constraint that does not compile is refused here
+    /// ([`RequestError::Constraint`]), before the loop sees the request.
     pub fn submit(&self, req: GenRequest) -> Result<RequestStream, RequestError> {
-        let (msg, stream) = self.prepare(req);
+        let constraint = match self.compile(&req) {
+            Some(rx) => Some(compiled(rx.recv().ok())?),
+            None => None,
+        };
+        let (msg, stream) = self.prepare(req, constraint);
         self.tx.send(msg).map_err(|_| RequestError::Shutdown)?;
         Ok(stream)
     }
 
     /// [`Self::submit`] from async code.
     pub async fn submit_async(&self, req: GenRequest) -> Result<RequestStream, RequestError> {
-        let (msg, stream) = self.prepare(req);
+        let constraint = match self.compile(&req) {
+            Some(rx) => Some(compiled(rx.recv_async().await.ok())?),
+            None => None,
+        };
+        let (msg, stream) = self.prepare(req, constraint);
         self.tx
             .send_async(msg)
             .await
@@ -334,6 +365,14 @@ impl LoopHandle {
             Err(RequestError::Shutdown) => Ok(()),
             r => r,
         }
+    }
+}
+
+/// A compile's outcome (None: its thread ended without one).
+fn compiled(r: Option<Result<Constrained, ConstraintError>>) -> Result<Constrained, RequestError> {
+    match r {
+        Some(r) => r.map_err(RequestError::Constraint),
+        None => Err(RequestError::Engine("the constraint compiler stopped".into())),
     }
 }
 

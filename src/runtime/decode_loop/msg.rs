@@ -1,5 +1,6 @@
 //! Messages into the decode-loop actor.
 
+use crate::grammar::Constrained;
 use crate::runtime::request::{Event, GenRequest, RequestError, RequestId};
 
 /// Answer channel of a request/reply message.
@@ -14,6 +15,8 @@ pub enum LoopMsg {
         id: RequestId,
         req: GenRequest,
         events: flume::Sender<Event>,
+        /// The request's compiled constraint (compiled before it was sent).
+        constraint: Option<Constrained>,
     },
     /// Ends a request: queued, prefilling or decoding. Unknown ids are ignored.
     Cancel { id: RequestId },

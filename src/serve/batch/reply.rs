@@ -115,7 +115,9 @@ impl Code {
         match e {
             RequestError::QueueFull(_) => Code::QueueFull,
             RequestError::SlotBusy(_) => Code::SlotBusy,
-            RequestError::BadSlot { .. } | RequestError::BadToken { .. } => Code::BadRequest,
+            RequestError::BadSlot { .. } | RequestError::BadToken { .. } | RequestError::Constraint(_) => {
+                Code::BadRequest
+            }
             RequestError::DuplicateId(_) => Code::DuplicateId,
             RequestError::EmptyPrompt => Code::EmptyPrompt,
             RequestError::ContextExceeded { used, limit } => Code::ContextExceeded {

@@ -246,6 +246,7 @@ impl Reader<'_> {
                 seed: self.cfg.seed.unwrap_or_else(|| fresh_seed(serial)),
             },
             stop: Vec::new(),
+            constraint: None,
         };
         let stream = match self.handle.submit(req) {
             Ok(st) => st,
