@@ -1,13 +1,20 @@
 //! What every handler shares: the decode loop's handle, the defaults, the
-//! API key and the counter behind response ids. One per server, passed
+//! API key, the counter behind response ids, the body limits, the
+//! preparation threads and the HTTP counters. One per server, passed
 //! through the router (no global state).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::body::BodyLimits;
+use super::counters::Counters;
+use super::pool::Pool;
 use super::request::Defaults;
 use crate::runtime::LoopHandle;
+
+/// Threads that parse, render and tokenize requests.
+pub const PREPARE_THREADS: usize = 2;
 
 pub struct AppState {
     pub handle: LoopHandle,
@@ -17,19 +24,31 @@ pub struct AppState {
     /// Unix seconds at start (the model's `created`, part of ids).
     pub started: u64,
     ids: AtomicU64,
+    pub body: BodyLimits,
+    pub pool: Pool,
+    pub counters: Arc<Counters>,
 }
 
 pub type Shared = Arc<AppState>;
 
 impl AppState {
-    pub fn new(handle: LoopHandle, defaults: Defaults, api_key: Option<String>) -> Self {
-        Self {
+    /// Fails only when the preparation threads cannot be started.
+    pub fn new(
+        handle: LoopHandle,
+        defaults: Defaults,
+        api_key: Option<String>,
+        body: BodyLimits,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
             handle,
             defaults,
             api_key,
             started: unix_now(),
             ids: AtomicU64::new(0),
-        }
+            body,
+            pool: Pool::new(PREPARE_THREADS)?,
+            counters: Arc::default(),
+        })
     }
 
     /// A response id unique to this server's life: `PREFIX<start><n>` in hex.
