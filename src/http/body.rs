@@ -14,6 +14,11 @@ use futures_util::StreamExt;
 use super::error::ApiError;
 use super::state::Shared;
 
+/// Bodies from this size on are large: read into a mapping of their own,
+/// prepared in the large lane ([`super::pool`]), and followed by handing
+/// freed memory back ([`super::memory`]).
+pub const LARGE_BODY: usize = 256 << 10;
+
 /// How a body must arrive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BodyLimits {
@@ -53,42 +58,108 @@ async fn read(req: Request, limits: BodyLimits) -> Result<Bytes, ApiError> {
     if declared.is_some_and(|n| n > limits.max as u64) {
         return Err(ApiError::too_large());
     }
-    let capacity = declared.map_or(0, |n| n as usize);
-    let collect = collect(req.into_body().into_data_stream(), capacity, limits.max);
+    let declared = declared.map(|n| n as usize);
+    let collect = collect(req.into_body().into_data_stream(), declared, limits.max);
     match tokio::time::timeout(limits.timeout, collect).await {
         Ok(r) => r,
         Err(_) => Err(ApiError::body_timeout(limits.timeout.as_secs())),
     }
 }
 
-/// The body's bytes in one buffer sized from its declared length (so an
-/// 8 MB body is not copied while a buffer doubles).
+/// The body's bytes in one buffer: sized from the declared length when
+/// there is one (so an 8 MB body is not copied while a buffer doubles),
+/// and for a large body an anonymous mapping of its own, whose pages go
+/// back to the system the moment it is dropped ([`super::memory`]).
 async fn collect(
     mut frames: axum::body::BodyDataStream,
-    capacity: usize,
+    declared: Option<usize>,
     max: usize,
 ) -> Result<Bytes, ApiError> {
-    // One frame (the usual case for small bodies) is used as it is.
-    let mut first: Option<Bytes> = None;
-    let mut joined: Vec<u8> = Vec::new();
-    let mut len = 0usize;
+    let mut buf = Buffer::new(declared, max)?;
     while let Some(frame) = frames.next().await {
         let data = frame.map_err(|e| ApiError::unreadable_body(chain(&e)))?;
-        len = len.saturating_add(data.len());
-        if len > max {
+        if buf.len().saturating_add(data.len()) > max {
             return Err(ApiError::too_large());
         }
-        if first.is_none() && joined.is_empty() {
-            first = Some(data);
-            continue;
-        }
-        if let Some(f) = first.take() {
-            joined.reserve_exact(capacity.max(len));
-            joined.extend_from_slice(&f);
-        }
-        joined.extend_from_slice(&data);
+        buf.push(&data, max)?;
     }
-    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
+    Ok(buf.into_bytes())
+}
+
+/// Bytes being collected.
+enum Buffer {
+    Heap(Vec<u8>),
+    Mapped { map: memmap2::MmapMut, len: usize },
+}
+
+/// A filled mapping, as the owner of a [`Bytes`].
+struct Filled {
+    map: memmap2::MmapMut,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Filled {
+    fn as_ref(&self) -> &[u8] {
+        &self.map[..self.len]
+    }
+}
+
+fn mapping(len: usize) -> Result<memmap2::MmapMut, ApiError> {
+    memmap2::MmapMut::map_anon(len)
+        .map_err(|e| ApiError::internal(format!("cannot map {len} bytes for the request body: {e}")))
+}
+
+impl Buffer {
+    fn new(declared: Option<usize>, max: usize) -> Result<Self, ApiError> {
+        Ok(match declared {
+            Some(n) if n >= LARGE_BODY => Buffer::Mapped {
+                map: mapping(n.min(max))?,
+                len: 0,
+            },
+            Some(n) => Buffer::Heap(Vec::with_capacity(n)),
+            None => Buffer::Heap(Vec::new()),
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Heap(v) => v.len(),
+            Buffer::Mapped { len, .. } => *len,
+        }
+    }
+
+    /// Appends `data` (the caller has checked the total against `max`); a
+    /// body without a declared length moves to a mapping of `max` bytes
+    /// once it is large.
+    fn push(&mut self, data: &[u8], max: usize) -> Result<(), ApiError> {
+        if let Buffer::Heap(v) = self
+            && v.len() + data.len() >= LARGE_BODY
+        {
+            let mut map = mapping(max)?;
+            map[..v.len()].copy_from_slice(v);
+            *self = Buffer::Mapped { map, len: v.len() };
+        }
+        match self {
+            Buffer::Heap(v) => v.extend_from_slice(data),
+            Buffer::Mapped { map, len } => {
+                let end = *len + data.len();
+                // The HTTP layer holds a body to its declared length.
+                let room = map
+                    .get_mut(*len..end)
+                    .ok_or_else(|| ApiError::unreadable_body("more bytes than its content-length"))?;
+                room.copy_from_slice(data);
+                *len = end;
+            }
+        }
+        Ok(())
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Buffer::Heap(v) => Bytes::from(v),
+            Buffer::Mapped { map, len } => Bytes::from_owner(Filled { map, len }),
+        }
+    }
 }
 
 /// An error and its causes, as one line.
@@ -160,17 +231,49 @@ mod tests {
         assert_eq!(big.err().map(|e| e.status.as_u16()), Some(413));
         let declared = rt.block_on(read(request("{}".into(), &[("content-length", "99")]), LIMITS));
         assert_eq!(declared.err().map(|e| e.status.as_u16()), Some(413));
-        let text = rt.block_on(read(request("{}".into(), &[("content-type", "text/plain")]), LIMITS));
+        let text = rt.block_on(read(
+            request("{}".into(), &[("content-type", "text/plain")]),
+            LIMITS,
+        ));
         assert_eq!(text.err().and_then(|e| e.code), Some("unsupported_media_type"));
     }
 
     #[test]
     fn pieces_are_joined_in_order() {
         let rt = runtime();
-        let pieces = futures_util::stream::iter(["{\"a\"", ":", "12}"].map(|s| Ok::<_, Infallible>(Bytes::from(s))));
+        let pieces =
+            futures_util::stream::iter(["{\"a\"", ":", "12}"].map(|s| Ok::<_, Infallible>(Bytes::from(s))));
         let body = axum::body::Body::from_stream(pieces);
         let r = rt.block_on(read(request(body, &[]), LIMITS));
         assert_eq!(r.ok().as_deref(), Some(&b"{\"a\":12}"[..]));
+    }
+
+    /// Large bodies, declared or not, land in a mapping whole.
+    #[test]
+    fn large_bodies_are_read_whole() {
+        let rt = runtime();
+        let limits = BodyLimits {
+            max: 4 * LARGE_BODY,
+            ..LIMITS
+        };
+        let piece = Bytes::from((0..LARGE_BODY / 3).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        let want: Vec<u8> = piece.iter().copied().cycle().take(piece.len() * 7).collect();
+        for declared in [true, false] {
+            let pieces: Vec<_> = (0..7).map(|_| Ok::<_, Infallible>(piece.clone())).collect();
+            let body = axum::body::Body::from_stream(futures_util::stream::iter(pieces));
+            let len = want.len().to_string();
+            let headers: &[(&str, &str)] = if declared {
+                &[("content-length", &len)]
+            } else {
+                &[]
+            };
+            let got = rt.block_on(read(request(body, headers), limits));
+            assert_eq!(got.ok().as_deref(), Some(&want[..]), "declared: {declared}");
+        }
+        let pieces: Vec<_> = (0..13).map(|_| Ok::<_, Infallible>(piece.clone())).collect();
+        let body = axum::body::Body::from_stream(futures_util::stream::iter(pieces));
+        let got = rt.block_on(read(request(body, &[]), limits));
+        assert_eq!(got.err().map(|e| e.status.as_u16()), Some(413));
     }
 
     #[test]

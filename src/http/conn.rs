@@ -136,7 +136,9 @@ impl Connection {
             // A Router is always ready: calling it without poll_ready is fine.
             Box::pin(async move { tower::Service::call(&mut app, req).await })
         });
-        let mut conn = self.http.serve_connection(TokioIo::new(Watched::new(stream)), service);
+        let mut conn = self
+            .http
+            .serve_connection(TokioIo::new(Watched::new(stream)), service);
         let mut stopping = self.stopping.clone();
         let mut told = false;
         let served = loop {
@@ -213,7 +215,11 @@ impl Watched {
 }
 
 impl AsyncRead for Watched {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.stream).poll_read(cx, buf))?;
         if buf.filled().len() > before {
@@ -295,7 +301,9 @@ mod tests {
         let date = "date: Thu, 01 Jan 2026 00:00:00 GMT";
         let head = |s: &str| format!("{s}\r\n\r\n").into_bytes();
         assert_eq!(
-            bodiless_error(&head(&format!("HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n{date}"))),
+            bodiless_error(&head(&format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n{date}"
+            ))),
             Some(StatusCode::BAD_REQUEST)
         );
         assert_eq!(
@@ -305,7 +313,9 @@ mod tests {
             Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
         );
         for other in [
-            format!("HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 0\r\n{date}"),
+            format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 0\r\n{date}"
+            ),
             format!("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n{date}"),
             format!("HTTP/1.1 400 Bad Request\r\n{date}"),
             format!("HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n{date}"),
@@ -388,7 +398,10 @@ mod tests {
         let mut buf = [0u8; 1024];
         let n = s.read(&mut buf).unwrap();
         let first = String::from_utf8_lossy(&buf[..n]).into_owned();
-        assert!(first.starts_with("HTTP/1.1 200 ") && first.ends_with("hi"), "{first}");
+        assert!(
+            first.starts_with("HTTP/1.1 200 ") && first.ends_with("hi"),
+            "{first}"
+        );
         // Then idle past the timeout: closed without a word.
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);

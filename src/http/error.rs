@@ -111,7 +111,9 @@ impl ApiError {
         Self::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "invalid_request_error",
-            format!("The request body must be JSON (content-type: application/json), got content-type {got:?}."),
+            format!(
+                "The request body must be JSON (content-type: application/json), got content-type {got:?}."
+            ),
         )
         .with_code("unsupported_media_type")
     }
@@ -122,10 +124,19 @@ impl ApiError {
     /// in time (408, `--header-timeout-s`).
     pub fn framing(status: StatusCode) -> Self {
         let (message, code) = match status.as_u16() {
-            408 => ("The request head did not arrive in time (--header-timeout-s).", "request_timeout"),
+            408 => (
+                "The request head did not arrive in time (--header-timeout-s).",
+                "request_timeout",
+            ),
             414 => ("The request target is too long.", "uri_too_long"),
-            431 => ("The request head is too large.", "request_header_fields_too_large"),
-            _ => ("The request is not valid HTTP/1.1 (request line, a header, or the body's framing).", "malformed_request"),
+            431 => (
+                "The request head is too large.",
+                "request_header_fields_too_large",
+            ),
+            _ => (
+                "The request is not valid HTTP/1.1 (request line, a header, or the body's framing).",
+                "malformed_request",
+            ),
         };
         Self::new(status, "invalid_request_error", message).with_code(code)
     }

@@ -7,10 +7,17 @@
 //! the rendered prompt thus stay resident after the request, in the arena
 //! of whichever async or preparation thread touched them: hundreds of
 //! megabytes after a few such requests, never returned. `malloc_trim(0)`
-//! hands every arena's free pages back (`madvise`), so after a large request
-//! the process returns to about its idle size. It takes a few milliseconds,
-//! so it runs only after requests with a large body, on a preparation
-//! thread.
+//! hands every arena's free pages back (`madvise`), except the free top
+//! of an arena other than the main one (the main thread's), which only
+//! that arena's own `free` trims, and only above a threshold that grows
+//! with the blocks seen. Hence:
+//! - a large body is read into its own anonymous mapping ([`super::body`]),
+//!   returned to the system when dropped whatever the allocator does;
+//! - large requests are parsed and rendered on the main thread
+//!   ([`super::server::serve`]), so their big strings come from the main
+//!   arena, whose top `malloc_trim` does return;
+//! - after each large request, once its memory is freed, `malloc_trim(0)`
+//!   runs there (it takes a few milliseconds, so only then).
 
 /// Returns the allocator's free pages to the system (a no-op where the
 /// allocator is not glibc's).

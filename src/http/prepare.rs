@@ -5,15 +5,11 @@
 
 use axum::body::Bytes;
 
+use super::body::LARGE_BODY;
 use super::error::ApiError;
 use super::memory;
 use super::state::Shared;
 use crate::runtime::limits;
-
-/// Bodies from this size on are large: they wait for a large-job permit
-/// (so small requests keep a thread), and their memory is handed back to
-/// the system afterwards.
-pub const LARGE_BODY: usize = 256 << 10;
 
 /// Runs `step` on the body off the async threads.
 pub async fn run<T, F>(st: &Shared, body: Bytes, step: F) -> Result<T, ApiError>
@@ -44,9 +40,7 @@ where
 /// tokenized and the decode loop checks the exact count.
 pub fn encode(st: &Shared, text: &str, prompt_param: &str) -> Result<Vec<u32>, ApiError> {
     let info = st.handle.info();
-    let tok = info
-        .tokenizer()
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let tok = info.tokenizer().map_err(|e| ApiError::internal(e.to_string()))?;
     if let Ok(least) = tok.min_tokens(text.len())
         && !limits::fits_context(least, info.max_ctx)
     {

@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use super::body::BodyLimits;
 use super::conn::{self, ConnLimits};
 use super::error::ApiError;
+use super::pool::Pool;
 use super::request::Defaults;
 use super::state::{AppState, Shared};
 use super::{anthropic, auth, info, metrics, openai, web};
@@ -38,6 +39,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Threads answering HTTP (generation runs on the loop's own threads).
 const HTTP_THREADS: usize = 2;
 
+/// Threads preparing small requests (large ones run on the caller's).
+const SMALL_PREPARE_THREADS: usize = 2;
+
 /// How the HTTP server runs.
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
@@ -57,7 +61,7 @@ pub struct HttpConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("cannot start the HTTP threads: {0}")]
+    #[error("running the HTTP threads: {0}")]
     Runtime(std::io::Error),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -113,6 +117,11 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// Serves `decode` on `cfg.addr` until SIGINT or SIGTERM; `on_ready` gets
 /// the bound address (the real port when 0 was asked) before the first
 /// request is accepted. The loop is shut down before this returns.
+///
+/// The calling thread (coli's main thread) runs the preparation of large
+/// requests meanwhile: its allocations come from glibc's main arena, the
+/// one arena whose free memory `malloc_trim` can hand back whole (see
+/// [`super::memory`]).
 pub fn serve(
     decode: DecodeLoop,
     cfg: HttpConfig,
@@ -125,46 +134,53 @@ pub fn serve(
         .build()
         .map_err(HttpError::Runtime)?;
     let handle = decode.handle();
-    let served = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(cfg.addr)
-            .await
-            .map_err(|source| HttpError::Bind {
-                addr: cfg.addr,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| HttpError::Bind {
-            addr: cfg.addr,
-            source,
-        })?;
-        on_ready(addr);
-        let body = BodyLimits {
-            max: cfg.max_body,
-            timeout: cfg.body_timeout,
-        };
-        let state = AppState::new(handle.clone(), cfg.defaults, cfg.api_key.clone(), body)
-            .map_err(HttpError::Runtime)?;
-        let state = Arc::new(state);
-        let counters = state.counters.clone();
-        let app = router(state, cfg.web);
-        let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            let _ = stopping_tx.send(true);
-            // Ends every request (streams close with their last events);
-            // blocking, so off the async threads.
-            let h = handle.clone();
-            tokio::task::spawn_blocking(move || h.shutdown());
-        });
-        let limits = ConnLimits {
-            header_timeout: cfg.header_timeout,
-            max_connections: cfg.max_connections,
-        };
-        conn::serve(listener, app, counters, limits, stopping, SHUTDOWN_GRACE).await;
-        Ok::<(), HttpError>(())
+    let bind = |source| HttpError::Bind {
+        addr: cfg.addr,
+        source,
+    };
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(cfg.addr))
+        .map_err(bind)?;
+    let addr = listener.local_addr().map_err(bind)?;
+    let (pool, large_lane) = Pool::new(SMALL_PREPARE_THREADS).map_err(HttpError::Runtime)?;
+    let body = BodyLimits {
+        max: cfg.max_body,
+        timeout: cfg.body_timeout,
+    };
+    let state = Arc::new(AppState::new(
+        handle.clone(),
+        cfg.defaults,
+        cfg.api_key.clone(),
+        body,
+        pool,
+    ));
+    let counters = state.counters.clone();
+    let app = router(state, cfg.web);
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    rt.spawn(async move {
+        shutdown_signal().await;
+        let _ = stopping_tx.send(true);
+        // Ends every request (streams close with their last events);
+        // blocking, so off the async threads.
+        let h = handle.clone();
+        tokio::task::spawn_blocking(move || h.shutdown());
     });
+    on_ready(addr);
+    let limits = ConnLimits {
+        header_timeout: cfg.header_timeout,
+        max_connections: cfg.max_connections,
+    };
+    let (over_tx, over) = crossbeam_channel::bounded::<()>(1);
+    let server = rt.spawn(async move {
+        conn::serve(listener, app, counters, limits, stopping, SHUTDOWN_GRACE).await;
+        let _ = over_tx.send(());
+    });
+    large_lane.run_until(&over);
+    // The server task has ended (or panicked, which its join reports).
+    let served = rt.block_on(server);
     rt.shutdown_timeout(SHUTDOWN_GRACE);
     let stopped = decode.shutdown();
-    served?;
+    served.map_err(|e| HttpError::Runtime(std::io::Error::other(e)))?;
     stopped?;
     Ok(())
 }

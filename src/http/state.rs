@@ -13,9 +13,6 @@ use super::pool::Pool;
 use super::request::Defaults;
 use crate::runtime::LoopHandle;
 
-/// Threads that parse, render and tokenize requests.
-pub const PREPARE_THREADS: usize = 2;
-
 pub struct AppState {
     pub handle: LoopHandle,
     pub defaults: Defaults,
@@ -32,23 +29,23 @@ pub struct AppState {
 pub type Shared = Arc<AppState>;
 
 impl AppState {
-    /// Fails only when the preparation threads cannot be started.
     pub fn new(
         handle: LoopHandle,
         defaults: Defaults,
         api_key: Option<String>,
         body: BodyLimits,
-    ) -> std::io::Result<Self> {
-        Ok(Self {
+        pool: Pool,
+    ) -> Self {
+        Self {
             handle,
             defaults,
             api_key,
             started: unix_now(),
             ids: AtomicU64::new(0),
             body,
-            pool: Pool::new(PREPARE_THREADS)?,
+            pool,
             counters: Arc::default(),
-        })
+        }
     }
 
     /// A response id unique to this server's life: `PREFIX<start><n>` in hex.
