@@ -108,9 +108,6 @@ def main():
         statuses = sorted(r[0] for r in results) + [small[0]]
         print(f"{rnd:5}  {idle / 1024:7.0f}  {peak[0] / 1024:7.0f}  {after / 1024:8.0f}  "
               f"{max(r[2] for r in results):10.2f}  {small[2]:12.2f}  {statuses}")
-    if os.environ.get("HOLD"):
-        print("holding; pid", srv.pid, flush=True)
-        time.sleep(float(os.environ["HOLD"]))
     srv.terminate()
     srv.wait(timeout=60)
 
