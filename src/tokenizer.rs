@@ -1,5 +1,7 @@
 //! Text ↔ token ids through a model directory's `tokenizer.json`.
 
+pub mod bound;
+
 use std::path::{Path, PathBuf};
 
 /// Why text could not be tokenized.
@@ -20,6 +22,8 @@ pub enum TokenizerError {
 /// A loaded Hugging Face tokenizer.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The most input bytes one token covers ([`bound`]), when that is bounded.
+    span: Result<usize, bound::Unbounded>,
 }
 
 impl Tokenizer {
@@ -28,11 +32,26 @@ impl Tokenizer {
         if !path.is_file() {
             return Err(TokenizerError::Missing(path));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| TokenizerError::Load {
+        let load = |reason: String| TokenizerError::Load {
             path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        Ok(Self { inner })
+            reason,
+        };
+        let bytes = std::fs::read(&path).map_err(|e| load(e.to_string()))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| load(e.to_string()))?;
+        // The file parsed as a tokenizer, so it is JSON.
+        let span = serde_json::from_slice(&bytes)
+            .map_err(|e| bound::Unbounded(e.to_string()))
+            .and_then(|json| bound::max_span(&json));
+        Ok(Self { inner, span })
+    }
+
+    /// The fewest tokens a text of `bytes` bytes can encode to, when the
+    /// tokenizer allows such a bound ([`bound`] says why it holds): every
+    /// token covers at most `span` bytes, so there are at least
+    /// `ceil(bytes / span)`. Lets a server refuse a prompt longer than the
+    /// context without tokenizing it.
+    pub fn min_tokens(&self, bytes: usize) -> Result<usize, &bound::Unbounded> {
+        self.span.as_ref().map(|&span| bytes.div_ceil(span))
     }
 
     /// Ids of `text` as-is (special-token strings in the text are recognised,

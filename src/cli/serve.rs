@@ -51,6 +51,21 @@ pub struct ServeArgs {
     #[arg(long, value_name = "BYTES", requires = "http", default_value_t = crate::http::DEFAULT_MAX_BODY,
           allow_negative_numbers = true, value_parser = super::parse_count)]
     pub max_body: usize,
+    /// With --http: seconds a request head may take to arrive (an idle
+    /// keep-alive connection is closed after this too); a client that sent
+    /// part of a head then gets 408.
+    #[arg(long, value_name = "SECS", requires = "http", default_value_t = crate::http::DEFAULT_HEADER_TIMEOUT_S as usize,
+          allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub header_timeout_s: usize,
+    /// With --http: seconds a request body may take to arrive, from the end
+    /// of its head; a later one gets 408.
+    #[arg(long, value_name = "SECS", requires = "http", default_value_t = crate::http::DEFAULT_BODY_TIMEOUT_S as usize,
+          allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub body_timeout_s: usize,
+    /// With --http: connections served at once; more wait until one closes.
+    #[arg(long, value_name = "N", requires = "http", default_value_t = crate::http::DEFAULT_MAX_CONNECTIONS,
+          allow_negative_numbers = true, value_parser = super::parse_count)]
+    pub max_connections: usize,
     /// With --http: no chat page at / (it then answers 404 like any unknown path).
     #[arg(long, requires = "http")]
     pub no_web: bool,
@@ -139,8 +154,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if args.http.is_some() && args.api_key.as_deref() == Some("") {
         return Err(super::usage("--api-key must not be empty"));
     }
-    if args.max_body == 0 {
-        return Err(super::usage("--max-body must be at least 1"));
+    for (flag, value) in [
+        ("--max-body", args.max_body),
+        ("--header-timeout-s", args.header_timeout_s),
+        ("--body-timeout-s", args.body_timeout_s),
+        ("--max-connections", args.max_connections),
+    ] {
+        if value == 0 {
+            return Err(super::usage(format!("{flag} must be at least 1")));
+        }
     }
     let dir = args.model.resolve()?;
     let kv_slots = match args.kv_slots {
@@ -238,6 +260,9 @@ fn serve_http(
         addr,
         api_key: args.api_key.clone(),
         max_body: args.max_body,
+        header_timeout: std::time::Duration::from_secs(args.header_timeout_s as u64),
+        body_timeout: std::time::Duration::from_secs(args.body_timeout_s as u64),
+        max_connections: args.max_connections,
         web: !args.no_web,
         defaults: Defaults {
             max_tokens: args.max_tokens,

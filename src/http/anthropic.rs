@@ -4,15 +4,16 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::response::sse::Event;
 use serde_json::{Value, json};
 
+use super::body::JsonBody;
 use super::error::{AnthropicError, ApiError};
 use super::generate::{self, Outcome};
 use super::json::{Params, is_off, json_response, parse_object};
+use super::prepare;
 use super::request::{self, Generation};
 use super::sse::{self, Format};
 use super::state::Shared;
@@ -75,16 +76,14 @@ fn generation(p: &Params, st: &Shared) -> Result<Generation, ApiError> {
     })
 }
 
-/// `POST /v1/messages`.
-pub async fn messages(
-    State(st): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, AnthropicError> {
-    let bytes = body.map_err(|r| ApiError::body(&r))?;
-    let obj = parse_object(&bytes)?;
+/// Parses, checks, renders and tokenizes a messages call (on the
+/// preparation threads).
+fn prepare_messages(st: &Shared, body: Bytes) -> Result<(Generation, Vec<u32>), ApiError> {
+    let obj = parse_object(&body)?;
+    drop(body);
     let p = Params::new(&obj);
     let msgs = conversation(&p)?;
-    let g = generation(&p, &st)?;
+    let g = generation(&p, st)?;
     let info = st.handle.info();
     let text = info.template.render(&msgs, true).map_err(|e| {
         ApiError::invalid(
@@ -92,11 +91,13 @@ pub async fn messages(
             format!("the model's chat template refused the messages: {e}"),
         )
     })?;
-    let prompt = info
-        .tokenizer()
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .encode(&text)
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let prompt = prepare::encode(st, &text, "messages")?;
+    Ok((g, prompt))
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(State(st): State<Shared>, body: JsonBody) -> Result<Response, AnthropicError> {
+    let (g, prompt) = prepare::run(&st, body.0?, prepare_messages).await?;
     let job = generate::start(&st.handle, g.request(prompt))
         .await
         .map_err(|e| ApiError::from_request(&e, "messages"))?;

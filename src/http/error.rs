@@ -3,7 +3,6 @@
 //! `{"type":"error","error":{"type","message"}}`, with the HTTP status
 //! that goes with each (docs/http-api.md lists them).
 
-use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -82,18 +81,77 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    /// Why the body could not be read: too large (413) or cut off (400).
-    pub fn body(rejection: &BytesRejection) -> Self {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Self::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                "The request body is larger than this server accepts (--max-body).",
-            )
-            .with_code("request_too_large")
-        } else {
-            Self::malformed(format!("Cannot read the request body: {rejection}"))
-        }
+    /// A body over `--max-body` (413).
+    pub fn too_large() -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "The request body is larger than this server accepts (--max-body).",
+        )
+        .with_code("request_too_large")
+    }
+
+    /// A body that did not arrive in time (408, `--body-timeout-s`).
+    pub fn body_timeout(secs: u64) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!("The request body did not arrive within {secs} s (--body-timeout-s)."),
+        )
+        .with_code("request_timeout")
+    }
+
+    /// A body cut off or badly framed (bad chunked encoding).
+    pub fn unreadable_body(why: impl std::fmt::Display) -> Self {
+        Self::malformed(format!("Cannot read the request body: {why}"))
+    }
+
+    /// A body sent as something other than JSON (415).
+    pub fn media_type(got: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            format!(
+                "The request body must be JSON (content-type: application/json), got content-type {got:?}."
+            ),
+        )
+        .with_code("unsupported_media_type")
+    }
+
+    /// What the HTTP layer answers by itself, for a request that never got
+    /// as far as a handler: a head that does not parse (400), a head too
+    /// large (431), a target too long (414), or a head that did not arrive
+    /// in time (408, `--header-timeout-s`).
+    pub fn framing(status: StatusCode) -> Self {
+        let (message, code) = match status.as_u16() {
+            408 => (
+                "The request head did not arrive in time (--header-timeout-s).",
+                "request_timeout",
+            ),
+            414 => ("The request target is too long.", "uri_too_long"),
+            431 => (
+                "The request head is too large.",
+                "request_header_fields_too_large",
+            ),
+            _ => (
+                "The request is not valid HTTP/1.1 (request line, a header, or the body's framing).",
+                "malformed_request",
+            ),
+        };
+        Self::new(status, "invalid_request_error", message).with_code(code)
+    }
+
+    /// A prompt longer than the context: `used` is the token count, or
+    /// "at least N" when it was known from the prompt's length alone.
+    pub fn context_exceeded(prompt_param: &str, used: &str, limit: usize) -> Self {
+        Self::invalid(
+            prompt_param,
+            format!(
+                "This model's maximum context length is {limit} tokens. However, your {prompt_param} \
+                 resulted in {used} tokens. Please reduce the length of the {prompt_param}."
+            ),
+        )
+        .with_code("context_length_exceeded")
     }
 
     /// A request the decode loop refused or failed; `prompt_param` is the
@@ -109,14 +167,9 @@ impl ApiError {
                 )
                 .with_code("rate_limit_exceeded")
             },
-            RequestError::ContextExceeded { used, limit } => Self::invalid(
-                prompt_param,
-                format!(
-                    "This model's maximum context length is {limit} tokens. However, your {prompt_param} \
-                     resulted in {used} tokens. Please reduce the length of the {prompt_param}."
-                ),
-            )
-            .with_code("context_length_exceeded"),
+            RequestError::ContextExceeded { used, limit } => {
+                Self::context_exceeded(prompt_param, &used.to_string(), *limit)
+            }
             RequestError::EmptyPrompt => Self::invalid(prompt_param, format!("The {prompt_param} is empty.")),
             RequestError::BadToken { id, vocab } => Self::invalid(
                 prompt_param,

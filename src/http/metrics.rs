@@ -16,11 +16,12 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// `GET /metrics`.
 pub async fn metrics(State(st): State<Shared>) -> Response {
-    let body = render(
+    let mut body = render(
         &st.handle.metrics(),
         &st.handle.source_stats(),
         st.handle.info().slots,
     );
+    st.counters.render(&mut body);
     let mut r = body.into_response();
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));

@@ -4,7 +4,14 @@
 //!
 //! Each file has one job:
 //! - [`server`] holds binding, the router, graceful shutdown on SIGINT/SIGTERM;
+//! - [`conn`] holds accepting and serving connections (limits, head
+//!   timeouts, JSON answers to malformed HTTP);
 //! - [`state`] holds what every handler shares (the loop handle, defaults, ids);
+//! - [`body`] holds reading a request body (size, time, content type);
+//! - [`pool`] holds the threads that parse, render and tokenize requests,
+//!   and [`prepare`] what runs there (refusing too-long prompts early);
+//! - [`memory`] holds handing freed memory back after a large request;
+//! - [`counters`] holds what the HTTP layer counts for `/metrics`;
 //! - [`auth`] holds the API key check;
 //! - [`json`] holds reading request bodies (typed getters that name the
 //!   parameter in their errors) and writing JSON replies;
@@ -25,13 +32,19 @@
 
 pub mod anthropic;
 pub mod auth;
+pub mod body;
+pub mod conn;
 pub mod constraint;
+pub mod counters;
 pub mod error;
 pub mod generate;
 pub mod info;
 pub mod json;
+pub mod memory;
 pub mod metrics;
 pub mod openai;
+pub mod pool;
+pub mod prepare;
 pub mod request;
 pub mod server;
 pub mod sse;
@@ -39,4 +52,7 @@ pub mod state;
 pub mod web;
 
 pub use request::Defaults;
-pub use server::{DEFAULT_MAX_BODY, HttpConfig, HttpError, parse_addr, router, serve};
+pub use server::{
+    DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY, DEFAULT_MAX_CONNECTIONS, HttpConfig,
+    HttpError, parse_addr, router, serve,
+};

@@ -3,15 +3,16 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::response::sse::Event;
 use serde_json::{Value, json};
 
+use super::body::JsonBody;
 use super::error::ApiError;
 use super::generate::{self, Outcome};
 use super::json::{Params, is_off, json_response, parse_object};
+use super::prepare;
 use super::request::{self, Defaults, Generation};
 use super::sse::{self, Format};
 use super::state::{Shared, unix_now};
@@ -124,17 +125,11 @@ fn timings(o: &Outcome) -> Value {
     })
 }
 
-fn read_body(body: Result<Bytes, BytesRejection>) -> Result<serde_json::Map<String, Value>, ApiError> {
-    let bytes = body.map_err(|r| ApiError::body(&r))?;
-    parse_object(&bytes)
-}
-
-/// `POST /v1/chat/completions`.
-pub async fn chat_completions(
-    State(st): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let obj = read_body(body)?;
+/// Parses, checks, renders and tokenizes a chat call (on the preparation
+/// threads).
+fn prepare_chat(st: &Shared, body: Bytes) -> Result<(Call, Vec<u32>), ApiError> {
+    let obj = parse_object(&body)?;
+    drop(body);
     let p = Params::new(&obj);
     p.refuse_unless("tools", is_off, "tools are not supported")?;
     p.refuse_unless("functions", is_off, "functions are not supported")?;
@@ -147,11 +142,13 @@ pub async fn chat_completions(
             format!("the model's chat template refused the messages: {e}"),
         )
     })?;
-    let prompt = info
-        .tokenizer()
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .encode(&text)
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let prompt = prepare::encode(st, &text, "messages")?;
+    Ok((c, prompt))
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(State(st): State<Shared>, body: JsonBody) -> Result<Response, ApiError> {
+    let (c, prompt) = prepare::run(&st, body.0?, prepare_chat).await?;
     let job = generate::start(&st.handle, c.generation.request(prompt))
         .await
         .map_err(|e| c.generation.refusal(&e, "messages"))?;
@@ -194,14 +191,7 @@ pub async fn chat_completions(
 /// The prompt of a completions request: a string, one string in an
 /// array, or token ids.
 fn completion_prompt(p: &Params, st: &Shared) -> Result<Vec<u32>, ApiError> {
-    let encode = |s: &str| {
-        st.handle
-            .info()
-            .tokenizer()
-            .map_err(|e| ApiError::internal(e.to_string()))?
-            .encode(s)
-            .map_err(|e| ApiError::internal(e.to_string()))
-    };
+    let encode = |s: &str| prepare::encode(st, s, "prompt");
     let ids = |items: &[Value]| {
         items
             .iter()
@@ -232,12 +222,11 @@ fn completion_prompt(p: &Params, st: &Shared) -> Result<Vec<u32>, ApiError> {
     }
 }
 
-/// `POST /v1/completions`.
-pub async fn completions(
-    State(st): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let obj = read_body(body)?;
+/// Parses, checks and tokenizes a completions call (on the preparation
+/// threads).
+fn prepare_completion(st: &Shared, body: Bytes) -> Result<(Call, Vec<u32>), ApiError> {
+    let obj = parse_object(&body)?;
+    drop(body);
     let p = Params::new(&obj);
     p.refuse_unless("suffix", is_off, "suffix is not supported")?;
     p.refuse_unless("echo", is_off, "echo is not supported")?;
@@ -246,8 +235,14 @@ pub async fn completions(
         |v| v.as_u64() == Some(1),
         "only best_of = 1 is supported",
     )?;
-    let prompt = completion_prompt(&p, &st)?;
+    let prompt = completion_prompt(&p, st)?;
     let c = call(&p, &st.defaults, &["max_tokens"])?;
+    Ok((c, prompt))
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(st): State<Shared>, body: JsonBody) -> Result<Response, ApiError> {
+    let (c, prompt) = prepare::run(&st, body.0?, prepare_completion).await?;
     let job = generate::start(&st.handle, c.generation.request(prompt))
         .await
         .map_err(|e| c.generation.refusal(&e, "prompt"))?;

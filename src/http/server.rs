@@ -1,17 +1,20 @@
 //! Binding, routing and the server's life: it runs until SIGINT or
 //! SIGTERM, then stops accepting, ends in-flight streams by shutting the
-//! decode loop down, and returns once connections are closed.
+//! decode loop down, and returns once connections are closed (serving
+//! each connection is [`super::conn`]'s job).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
 
+use super::body::BodyLimits;
+use super::conn::{self, ConnLimits};
 use super::error::ApiError;
+use super::pool::Pool;
 use super::request::Defaults;
 use super::state::{AppState, Shared};
 use super::{anthropic, auth, info, metrics, openai, web};
@@ -20,6 +23,15 @@ use crate::runtime::{DecodeLoop, RequestError};
 /// Largest request body by default (`--max-body`).
 pub const DEFAULT_MAX_BODY: usize = 8 << 20;
 
+/// Seconds a request head may take by default (`--header-timeout-s`).
+pub const DEFAULT_HEADER_TIMEOUT_S: u64 = 10;
+
+/// Seconds a request body may take by default (`--body-timeout-s`).
+pub const DEFAULT_BODY_TIMEOUT_S: u64 = 30;
+
+/// Connections served at once by default (`--max-connections`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
 /// How long connections get to finish after the decode loop has ended
 /// every request (a client that reads nothing must not hold the exit).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -27,12 +39,21 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Threads answering HTTP (generation runs on the loop's own threads).
 const HTTP_THREADS: usize = 2;
 
+/// Threads preparing small requests (large ones run on the caller's).
+const SMALL_PREPARE_THREADS: usize = 2;
+
 /// How the HTTP server runs.
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
     pub addr: SocketAddr,
     pub api_key: Option<String>,
     pub max_body: usize,
+    /// A request head must arrive within this (`--header-timeout-s`).
+    pub header_timeout: Duration,
+    /// A request body must arrive within this (`--body-timeout-s`).
+    pub body_timeout: Duration,
+    /// Connections served at once (`--max-connections`).
+    pub max_connections: usize,
     pub defaults: Defaults,
     /// Serve the chat page at `/` (off with `--no-web`).
     pub web: bool,
@@ -40,15 +61,13 @@ pub struct HttpConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("cannot start the HTTP threads: {0}")]
+    #[error("running the HTTP threads: {0}")]
     Runtime(std::io::Error),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("serving HTTP: {0}")]
-    Serve(std::io::Error),
     #[error("stopping the decode loop: {0}")]
     Loop(#[from] RequestError),
 }
@@ -70,9 +89,9 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("expected PORT or HOST:PORT (e.g. 8080 or 127.0.0.1:8080), got {s:?}"))
 }
 
-/// Every route, with the key check and the body limit; the chat page's
-/// when `web`.
-pub fn router(state: Shared, max_body: usize, web: bool) -> Router {
+/// Every route, with the key check; the chat page's when `web`. (Bodies
+/// are read, and limited, by [`super::body`].)
+pub fn router(state: Shared, web: bool) -> Router {
     let page = if web { web::routes() } else { Router::new() };
     page.route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
@@ -84,7 +103,6 @@ pub fn router(state: Shared, max_body: usize, web: bool) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
-        .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }
 
@@ -99,6 +117,11 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 /// Serves `decode` on `cfg.addr` until SIGINT or SIGTERM; `on_ready` gets
 /// the bound address (the real port when 0 was asked) before the first
 /// request is accepted. The loop is shut down before this returns.
+///
+/// The calling thread (coli's main thread) runs the preparation of large
+/// requests meanwhile: its allocations come from glibc's main arena, the
+/// one arena whose free memory `malloc_trim` can hand back whole (see
+/// [`super::memory`]).
 pub fn serve(
     decode: DecodeLoop,
     cfg: HttpConfig,
@@ -111,52 +134,53 @@ pub fn serve(
         .build()
         .map_err(HttpError::Runtime)?;
     let handle = decode.handle();
-    let served = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(cfg.addr)
-            .await
-            .map_err(|source| HttpError::Bind {
-                addr: cfg.addr,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| HttpError::Bind {
-            addr: cfg.addr,
-            source,
-        })?;
-        on_ready(addr);
-        let state = Arc::new(AppState::new(handle.clone(), cfg.defaults, cfg.api_key.clone()));
-        let app = router(state, cfg.max_body, cfg.web);
-        let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
-        let signal = async move {
-            shutdown_signal().await;
-            let _ = stopping_tx.send(true);
-            // Ends every request (streams close with their last events);
-            // blocking, so off the async threads.
-            let h = handle.clone();
-            tokio::task::spawn_blocking(move || h.shutdown());
-        };
-        let server = async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(signal)
-                .await
-                .map_err(HttpError::Serve)
-        };
-        let grace = async move {
-            while !*stopping.borrow() {
-                if stopping.changed().await.is_err() {
-                    // The server ended without a signal; nothing to time.
-                    std::future::pending::<()>().await;
-                }
-            }
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        };
-        tokio::select! {
-            r = server => r,
-            () = grace => Ok(()),
-        }
+    let bind = |source| HttpError::Bind {
+        addr: cfg.addr,
+        source,
+    };
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(cfg.addr))
+        .map_err(bind)?;
+    let addr = listener.local_addr().map_err(bind)?;
+    let (pool, large_lane) = Pool::new(SMALL_PREPARE_THREADS).map_err(HttpError::Runtime)?;
+    let body = BodyLimits {
+        max: cfg.max_body,
+        timeout: cfg.body_timeout,
+    };
+    let state = Arc::new(AppState::new(
+        handle.clone(),
+        cfg.defaults,
+        cfg.api_key.clone(),
+        body,
+        pool,
+    ));
+    let counters = state.counters.clone();
+    let app = router(state, cfg.web);
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    rt.spawn(async move {
+        shutdown_signal().await;
+        let _ = stopping_tx.send(true);
+        // Ends every request (streams close with their last events);
+        // blocking, so off the async threads.
+        let h = handle.clone();
+        tokio::task::spawn_blocking(move || h.shutdown());
     });
+    on_ready(addr);
+    let limits = ConnLimits {
+        header_timeout: cfg.header_timeout,
+        max_connections: cfg.max_connections,
+    };
+    let (over_tx, over) = crossbeam_channel::bounded::<()>(1);
+    let server = rt.spawn(async move {
+        conn::serve(listener, app, counters, limits, stopping, SHUTDOWN_GRACE).await;
+        let _ = over_tx.send(());
+    });
+    large_lane.run_until(&over);
+    // The server task has ended (or panicked, which its join reports).
+    let served = rt.block_on(server);
     rt.shutdown_timeout(SHUTDOWN_GRACE);
     let stopped = decode.shutdown();
-    served?;
+    served.map_err(|e| HttpError::Runtime(std::io::Error::other(e)))?;
     stopped?;
     Ok(())
 }

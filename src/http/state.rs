@@ -1,11 +1,15 @@
 //! What every handler shares: the decode loop's handle, the defaults, the
-//! API key and the counter behind response ids. One per server, passed
+//! API key, the counter behind response ids, the body limits, the
+//! preparation threads and the HTTP counters. One per server, passed
 //! through the router (no global state).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::body::BodyLimits;
+use super::counters::Counters;
+use super::pool::Pool;
 use super::request::Defaults;
 use crate::runtime::LoopHandle;
 
@@ -17,18 +21,30 @@ pub struct AppState {
     /// Unix seconds at start (the model's `created`, part of ids).
     pub started: u64,
     ids: AtomicU64,
+    pub body: BodyLimits,
+    pub pool: Pool,
+    pub counters: Arc<Counters>,
 }
 
 pub type Shared = Arc<AppState>;
 
 impl AppState {
-    pub fn new(handle: LoopHandle, defaults: Defaults, api_key: Option<String>) -> Self {
+    pub fn new(
+        handle: LoopHandle,
+        defaults: Defaults,
+        api_key: Option<String>,
+        body: BodyLimits,
+        pool: Pool,
+    ) -> Self {
         Self {
             handle,
             defaults,
             api_key,
             started: unix_now(),
             ids: AtomicU64::new(0),
+            body,
+            pool,
+            counters: Arc::default(),
         }
     }
 

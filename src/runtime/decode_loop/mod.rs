@@ -468,6 +468,13 @@ impl Canceller {
     pub fn cancel(&self) {
         let _ = self.tx.send(LoopMsg::Cancel { id: self.id });
     }
+
+    /// A canceller tied to no loop, for front ends' unit tests.
+    #[cfg(test)]
+    pub fn detached() -> Self {
+        let (tx, _) = flume::bounded(1);
+        Self { id: 0, tx }
+    }
 }
 
 impl Drop for RequestStream {

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::codec::{Decoder, Item, Limits, Submit};
 use super::reply::{self, Code, Stat};
-use super::writer::{Entry, INTENT_CANCEL, INTENT_NONE, INTENT_STOP, Out, Table, write_loop};
+use super::writer::{Entry, INTENT_CANCEL, INTENT_NONE, INTENT_STOP, Out, QUEUE_FRAMES, Table, write_loop};
 use crate::runtime::{
     Event, FinishReason, GenRequest, LoopHandle, PromptMode, RequestError, RequestStream, SlotChoice,
 };
@@ -70,7 +70,7 @@ pub fn run_session<W: Write + Send + 'static>(
         .and_then(|()| output.flush())
         .map_err(BatchError::Output)?;
     let table = Arc::new(Table::default());
-    let (tx, rx) = flume::unbounded::<Out>();
+    let (tx, rx) = flume::bounded::<Out>(QUEUE_FRAMES);
     let broken = Arc::new(AtomicBool::new(false));
     let writer = {
         let table = table.clone();
@@ -84,6 +84,7 @@ pub fn run_session<W: Write + Send + 'static>(
                     // Nobody can read the replies: end what runs.
                     table.cancel_all();
                 }
+                table.close();
                 r
             })
             .map_err(|source| BatchError::Thread {
@@ -248,6 +249,10 @@ impl Reader<'_> {
             stop: Vec::new(),
             constraint: None,
         };
+        self.wait_for_room();
+        if self.broken.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let stream = match self.handle.submit(req) {
             Ok(st) => st,
             Err(e) => {
@@ -281,6 +286,31 @@ impl Reader<'_> {
         self.forwarders.retain(|f| !f.is_finished());
         self.forwarders.push(h);
         Ok(())
+    }
+}
+
+impl Reader<'_> {
+    /// Requests whose last line may wait for stdout: one running and one
+    /// finished per slot. A client that reads its replies never has more
+    /// (it submits on a slot after reading the previous DONE there).
+    fn pending_limit(&self) -> usize {
+        2 * self.handle.info().slots
+    }
+
+    /// Waits, without reading stdin, while the pending limit is reached:
+    /// the client is not reading stdout, so its requests stop here instead
+    /// of their replies piling up in memory.
+    fn wait_for_room(&mut self) {
+        let limit = self.pending_limit();
+        let diag = &mut *self.diag;
+        self.table.wait_for_room(limit, |n| {
+            // Best effort, like every diagnostic.
+            let _ = writeln!(
+                diag,
+                "coli serve --batch: {n} replies wait for stdout to be read (limit {limit}); \
+                 reading no more requests until one is written"
+            );
+        });
     }
 }
 
