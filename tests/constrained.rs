@@ -672,7 +672,7 @@ fn the_loop_refuses_a_constraint_that_does_not_compile() {
     let lp = start_loop(1, 1);
     let h = lp.handle();
     for (spec, words) in [
-        (ConstraintSpec::Lark("start: \"a\" |".into()), "grammar"),
+        (ConstraintSpec::Lark("start: \"a\" )".into()), "grammar"),
         (ConstraintSpec::Lark("   ".into()), "empty"),
         (
             ConstraintSpec::JsonSchema {
