@@ -14,7 +14,9 @@ pub struct EnforceError(pub String);
 /// A request's constraint: the compiled grammar's state after the tokens
 /// committed so far.
 pub struct Constrained {
-    matcher: Matcher,
+    /// Boxed: llguidance's parser state is large, and a constraint travels
+    /// by value in the loop's messages.
+    matcher: Box<Matcher>,
     /// The next token's mask, once computed.
     next: Option<Result<SimpleVob, EnforceError>>,
 }
@@ -32,7 +34,10 @@ impl Constrained {
     /// Starts at the grammar's beginning with its first mask computed, so
     /// a grammar that allows no first token is refused before admission.
     pub(super) fn start(matcher: Matcher) -> Result<Self, String> {
-        let mut c = Self { matcher, next: None };
+        let mut c = Self {
+            matcher: Box::new(matcher),
+            next: None,
+        };
         c.prepare();
         match &c.next {
             Some(Err(e)) => Err(e.0.clone()),

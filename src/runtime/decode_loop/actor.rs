@@ -117,7 +117,7 @@ impl LoopActor {
                 req,
                 events,
                 constraint,
-            } => self.submit(id, req, events, constraint),
+            } => self.submit(id, req, events, constraint.map(|c| *c)),
             LoopMsg::Cancel { id } => self.cancel(id),
             LoopMsg::SlotTokens { slot, reply } => {
                 let r = self.idle_slot(slot).map(|s| s.tokens().to_vec());

@@ -276,7 +276,7 @@ impl LoopHandle {
         self.source.stats()
     }
 
-    fn prepare(&self, req: GenRequest, constraint: Option<Constrained>) -> (LoopMsg, RequestStream) {
+    fn prepare(&self, req: GenRequest, constraint: Option<Box<Constrained>>) -> (LoopMsg, RequestStream) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = flume::unbounded();
         let stream = RequestStream {
@@ -311,7 +311,7 @@ impl LoopHandle {
     /// ([`RequestError::Constraint`]), before the loop sees the request.
     pub fn submit(&self, req: GenRequest) -> Result<RequestStream, RequestError> {
         let constraint = match self.compile(&req) {
-            Some(rx) => Some(compiled(rx.recv().ok())?),
+            Some(rx) => Some(Box::new(compiled(rx.recv().ok())?)),
             None => None,
         };
         let (msg, stream) = self.prepare(req, constraint);
@@ -322,7 +322,7 @@ impl LoopHandle {
     /// [`Self::submit`] from async code.
     pub async fn submit_async(&self, req: GenRequest) -> Result<RequestStream, RequestError> {
         let constraint = match self.compile(&req) {
-            Some(rx) => Some(compiled(rx.recv_async().await.ok())?),
+            Some(rx) => Some(Box::new(compiled(rx.recv_async().await.ok())?)),
             None => None,
         };
         let (msg, stream) = self.prepare(req, constraint);

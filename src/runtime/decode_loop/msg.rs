@@ -15,8 +15,9 @@ pub enum LoopMsg {
         id: RequestId,
         req: GenRequest,
         events: flume::Sender<Event>,
-        /// The request's compiled constraint (compiled before it was sent).
-        constraint: Option<Constrained>,
+        /// The request's compiled constraint (compiled before it was sent;
+        /// boxed, so the message stays small).
+        constraint: Option<Box<Constrained>>,
     },
     /// Ends a request: queued, prefilling or decoding. Unknown ids are ignored.
     Cancel { id: RequestId },
