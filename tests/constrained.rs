@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
 
 use colibri::engine::{Engine, EngineOptions};
 use colibri::runtime::constraint::ConstraintSpec;
@@ -23,7 +22,7 @@ use colibri::sampling::SamplingParams;
 use serde_json::{Value, json};
 use support::{ColiChild, coli_command, tiny_chat_model};
 
-const HANG_GUARD: Duration = Duration::from_secs(180);
+use support::http::{HANG_GUARD, client};
 
 /// Most tokens a constrained reply may take: the schemas below bound every
 /// string, number and array, so each reply ends well inside it.
@@ -237,14 +236,6 @@ impl Drop for HttpServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(HANG_GUARD)
-        .build()
-        .expect("http client")
 }
 
 async fn post(c: &reqwest::Client, srv: &HttpServer, path: &str, body: &Value) -> (u16, Value) {

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use support::{ColiChild, coli_command, tiny_chat_model, wait_bounded};
 
 /// Longest wait for a server to start or a response to arrive.
-const HANG_GUARD: Duration = Duration::from_secs(180);
+use support::http::{HANG_GUARD, client};
 
 /// Arguments that make generation slow (every expert read waits on a
 /// simulated disk), so a request is still running when a test acts on it.
@@ -136,14 +136,6 @@ impl Drop for HttpServer {
             let _ = self.child.wait();
         }
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(HANG_GUARD)
-        .build()
-        .expect("http client")
 }
 
 async fn post(c: &reqwest::Client, srv: &HttpServer, path: &str, body: &Value) -> (u16, Value) {

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use support::{ColiChild, coli_command, tiny_chat_model, wait_bounded};
 
 /// Longest wait for a server to start, a reply, or a socket to close.
-const HANG_GUARD: Duration = Duration::from_secs(180);
+use support::http::{HANG_GUARD, client};
 
 /// Bytes of the oversized bodies (under the default --max-body of 8 MiB).
 const BIG: usize = 8_000_000;
@@ -78,14 +78,6 @@ impl Drop for HttpServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .timeout(HANG_GUARD)
-        .build()
-        .expect("http client")
 }
 
 async fn post(c: &reqwest::Client, srv: &HttpServer, path: &str, body: Vec<u8>) -> (u16, Value) {

@@ -1,6 +1,8 @@
 //! Drives the real `coli` binary as a subprocess, every read bounded in time.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::ops::{Deref, DerefMut};
