@@ -247,6 +247,7 @@ impl Reader<'_> {
             },
             stop: Vec::new(),
             constraint: None,
+            special_tokens: false,
         };
         let stream = match self.handle.submit(req) {
             Ok(st) => st,
