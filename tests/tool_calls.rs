@@ -12,6 +12,9 @@ use colibri::tool_calls::{CallSyntax, Delta, Dialect, Reply, ReplyParser, ToolCa
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
+/// The tools' names in [`tool_list`], which [`renamed`] replaces.
+const NAMES: [&str; 3] = ["get_weather", "search_files", "now"];
+
 /// The offered tools: a string, integer, enum, boolean, array and object
 /// parameter between them, and one without parameters.
 fn tool_list() -> Vec<Value> {
@@ -30,9 +33,12 @@ fn tool_list() -> Vec<Value> {
 }
 
 fn tool_set() -> ToolSet {
+    tool_set_of(&tool_list())
+}
+
+fn tool_set_of(list: &[Value]) -> ToolSet {
     ToolSet::new(
-        tool_list()
-            .iter()
+        list.iter()
             .map(|t| ToolSpec {
                 name: t["function"]["name"].as_str().unwrap().to_string(),
                 description: t["function"]["description"].as_str().map(str::to_string),
@@ -40,6 +46,37 @@ fn tool_set() -> ToolSet {
             })
             .collect(),
     )
+}
+
+/// Function names as the APIs allow them, three different ones.
+fn names() -> impl Strategy<Value = [String; 3]> {
+    let name = || proptest::string::string_regex("[a-zA-Z_][a-zA-Z0-9_-]{0,20}").unwrap();
+    (name(), name(), name())
+        .prop_filter("distinct names", |(a, b, c)| a != b && b != c && a != c)
+        .prop_map(|(a, b, c)| [a, b, c])
+}
+
+/// The tools and calls with [`NAMES`] replaced by `names`.
+fn renamed(names: &[String; 3], calls: &[ToolCall]) -> (Vec<Value>, Vec<ToolCall>) {
+    let rename = |n: &str| {
+        NAMES
+            .iter()
+            .position(|m| *m == n)
+            .map_or_else(|| n.to_string(), |i| names[i].clone())
+    };
+    let mut list = tool_list();
+    for t in &mut list {
+        let n = rename(t["function"]["name"].as_str().unwrap_or(""));
+        t["function"]["name"] = Value::from(n);
+    }
+    let calls = calls
+        .iter()
+        .map(|c| ToolCall {
+            name: rename(&c.name),
+            arguments: c.arguments.clone(),
+        })
+        .collect();
+    (list, calls)
 }
 
 /// Text a value may hold: quotes, backslashes, newlines, angle brackets
@@ -277,9 +314,10 @@ fn cases() -> Vec<Case> {
 }
 
 /// The text the model would have written for an assistant turn with
-/// `calls`, as `case`'s template renders it, and the reply parsed back.
-fn round_trip(case: &Case, content: &str, calls: &[ToolCall]) -> (String, bool, Reply) {
-    let tools = Some(tool_list());
+/// `calls` to `list`'s tools, as `case`'s template renders it, whether the
+/// prompt opened reasoning, and the reply parsed back.
+fn round_trip(case: &Case, list: &[Value], content: &str, calls: &[ToolCall]) -> (String, bool, Reply) {
+    let tools = Some(list.to_vec());
     let user = ChatMessage::user("What now?");
     let prompt = case
         .template
@@ -339,7 +377,7 @@ fn round_trip(case: &Case, content: &str, calls: &[ToolCall]) -> (String, bool, 
         reply = &reply[..at];
     }
     let in_reasoning = case.dialect.starts_in_reasoning(&prompt);
-    let parsed = ReplyParser::parse(case.dialect, Some(tool_set()), in_reasoning, reply);
+    let parsed = ReplyParser::parse(case.dialect, Some(tool_set_of(list)), in_reasoning, reply);
     (reply.to_string(), in_reasoning, parsed)
 }
 
@@ -357,7 +395,7 @@ fn a_rendered_call_parses_back() {
         name: "get_weather".into(),
         arguments: json!({"city": "Paris", "days": 2}),
     };
-    let (text, _, reply) = round_trip(case, "Let me check.", std::slice::from_ref(&call));
+    let (text, _, reply) = round_trip(case, &tool_list(), "Let me check.", std::slice::from_ref(&call));
     assert_eq!(
         text,
         "<think>\n\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>"
@@ -373,10 +411,12 @@ proptest! {
     fn every_format_reads_back_what_its_template_writes(
         content in content(),
         calls in proptest::collection::vec(call(), 1..4),
+        names in names(),
     ) {
+        let (list, calls) = renamed(&names, &calls);
         for case in cases() {
             let calls = &calls[..calls.len().min(case.max_calls)];
-            let (text, in_reasoning, reply) = round_trip(&case, &content, calls);
+            let (text, in_reasoning, reply) = round_trip(&case, &list, &content, calls);
             prop_assert_eq!(&reply.calls, &calls.to_vec(), "{}: {:?}", case.name, text);
             let (got, other) = match case.content {
                 Where::Content => (&reply.content, &reply.reasoning),
@@ -388,7 +428,7 @@ proptest! {
             }
             prop_assert_eq!(other, "", "{}: {:?}", case.name, text);
             // Piece by piece, the same.
-            let streamed = chunked(case.dialect, in_reasoning, &text, &[3, 1, 7, 2]);
+            let streamed = chunked(case.dialect, tool_set_of(&list), in_reasoning, &text, &[3, 1, 7, 2]);
             prop_assert_eq!(&streamed, &reply, "{}", case.name);
         }
     }
@@ -396,8 +436,8 @@ proptest! {
 
 /// `text` fed in pieces of the given byte lengths (cycled, moved to
 /// character boundaries).
-fn chunked(dialect: Dialect, in_reasoning: bool, text: &str, sizes: &[usize]) -> Reply {
-    let mut p = ReplyParser::new(dialect, Some(tool_set()), in_reasoning);
+fn chunked(dialect: Dialect, tools: ToolSet, in_reasoning: bool, text: &str, sizes: &[usize]) -> Reply {
+    let mut p = ReplyParser::new(dialect, Some(tools), in_reasoning);
     let mut deltas: Vec<Delta> = Vec::new();
     let mut at = 0;
     let mut i = 0;

@@ -325,8 +325,8 @@ mod tests {
             format!(
                 "start: think? call\n\
                  text1[lazy]: /(?s:.*)<\\/think>/\n\
-                 call: \"<tool_call>\" \"\\n\" %json {json} \"\\n\" \"</tool_call>\"\n\
                  think: \"<think>\" text1 sp?\n\
+                 call: \"<tool_call>\" \"\\n\" %json {json} \"\\n\" \"</tool_call>\"\n\
                  sp: /[ \\t\\r\\n]+/\n"
             )
         );
