@@ -23,8 +23,10 @@
 
 pub mod anthropic;
 pub mod auth;
+pub mod chat;
 pub mod error;
 pub mod generate;
+pub mod history;
 pub mod info;
 pub mod json;
 pub mod metrics;
@@ -33,6 +35,7 @@ pub mod request;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod tools;
 pub mod web;
 
 pub use request::Defaults;

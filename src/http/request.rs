@@ -44,6 +44,9 @@ pub struct Generation {
     pub stream: bool,
     /// `response_format`, `grammar` or a forced tool call, when asked for.
     pub constraint: Option<crate::runtime::constraint::ConstraintSpec>,
+    /// Special tokens in the reply's text (chat replies whose markers the
+    /// server reads: [`crate::tool_calls`]).
+    pub special_tokens: bool,
 }
 
 impl Generation {
@@ -57,6 +60,7 @@ impl Generation {
             sampling: self.sampling,
             stop: self.stop.clone(),
             constraint: self.constraint.clone(),
+            special_tokens: self.special_tokens,
         }
     }
 }
