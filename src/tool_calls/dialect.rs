@@ -72,11 +72,6 @@ impl Dialect {
         self.calls.is_some() || self.think
     }
 
-    /// gpt-oss's harmony: the whole reply is messages with headers.
-    pub fn harmony(self) -> bool {
-        self.calls == Some(CallSyntax::Harmony)
-    }
-
     /// DeepSeek's templates concatenate `arguments` into the prompt, so they
     /// need it as JSON text; the others iterate it or `tojson` it and need
     /// an object (what transformers documents).
@@ -121,18 +116,6 @@ impl Dialect {
                 c
             })
             .collect()
-    }
-
-    /// The format's name in messages and docs.
-    pub fn calls_name(self) -> &'static str {
-        match self.calls {
-            None => "none",
-            Some(CallSyntax::Hermes) => "hermes (<tool_call> JSON)",
-            Some(CallSyntax::Glm { .. }) => "glm (<tool_call> with <arg_key>/<arg_value>)",
-            Some(CallSyntax::Harmony) => "harmony (commentary to=functions.NAME)",
-            Some(CallSyntax::DeepSeek { .. }) => "deepseek (<｜tool▁calls▁begin｜>)",
-            Some(CallSyntax::Mistral) => "mistral ([TOOL_CALLS])",
-        }
     }
 }
 
