@@ -633,3 +633,22 @@ fn streaming_holds_back_only_possible_markers() {
     );
     assert_eq!(p.finish(), vec![]);
 }
+
+/// Prose after a call marker is found to be no call while it streams, not
+/// only at the reply's end.
+#[test]
+fn a_false_start_is_released_before_the_end() {
+    let d = Dialect {
+        calls: Some(CallSyntax::Hermes),
+        think: false,
+    };
+    let mut p = ReplyParser::new(d, Some(tool_set()), false);
+    let mut early = Reply::default();
+    for piece in std::iter::once("<tool_call>{".to_string()).chain((0..100).map(|i| format!("word{i} "))) {
+        for delta in p.push(&piece) {
+            early.add(delta);
+        }
+    }
+    assert!(early.content.starts_with("<tool_call>{word0 word1"), "{early:?}");
+    assert!(early.calls.is_empty());
+}

@@ -108,6 +108,9 @@ impl Out {
     }
 }
 
+/// Text a pending block may gain before it is scanned again anyway.
+const RESCAN_BYTES: usize = 256;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Nothing but whitespace yet: `<think>` may still open reasoning.
@@ -129,7 +132,7 @@ struct Markers {
     buf: String,
     content: Trimmed,
     reasoning: Trimmed,
-    /// In a block, the buffer's bytes already found incomplete.
+    /// In a block, how much of the buffer the last scan saw (incomplete).
     unchecked: usize,
 }
 
@@ -213,10 +216,14 @@ impl Markers {
                         continue;
                     };
                     // A block completes only at a closing bracket or marker:
-                    // text without one need not be scanned again.
+                    // a little text without one need not be scanned again
+                    // (more is, to find out early that it is no call).
                     let fresh = &self.buf[self.unchecked.min(self.buf.len())..];
-                    if !at_end && self.unchecked > 0 && !fresh.contains(['}', ']', '>']) {
-                        self.unchecked = self.buf.len();
+                    if !at_end
+                        && self.unchecked > 0
+                        && fresh.len() < RESCAN_BYTES
+                        && !fresh.contains(['}', ']', '>'])
+                    {
                         return;
                     }
                     let block = match syntax {
