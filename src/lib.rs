@@ -26,3 +26,4 @@ pub mod st;
 pub mod synth;
 pub mod telemetry;
 pub mod tokenizer;
+pub mod tool_calls;

@@ -67,9 +67,24 @@ impl Tokenizer {
     /// Text of `ids`; special tokens (end-of-turn markers and the like) are
     /// not printed.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.decode_with(ids, false)
+    }
+
+    /// Text of `ids`, special tokens printed too when `special`.
+    pub fn decode_with(&self, ids: &[u32], special: bool) -> Result<String, TokenizerError> {
         self.inner
-            .decode(ids, true)
+            .decode(ids, !special)
             .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+
+    /// The id of the special token spelled `text`, if the vocabulary has one
+    /// (added tokens marked special; a grammar must name those by id).
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        self.inner
+            .get_added_tokens_decoder()
+            .iter()
+            .find(|(_, t)| t.special && t.content == text)
+            .map(|(id, _)| *id)
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -91,6 +106,8 @@ pub struct StreamDecoder {
     ids: Vec<u32>,
     prefix: usize,
     read: usize,
+    /// Special tokens are printed too.
+    special: bool,
 }
 
 impl StreamDecoder {
@@ -98,11 +115,19 @@ impl StreamDecoder {
         Self::default()
     }
 
+    /// A decoder that prints special tokens too ([`Tokenizer::decode_with`]).
+    pub fn with_special(special: bool) -> Self {
+        Self {
+            special,
+            ..Self::default()
+        }
+    }
+
     /// Adds one id; returns the newly completed text.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, TokenizerError> {
         self.ids.push(id);
-        let done = tok.decode(&self.ids[self.prefix..self.read])?;
-        let text = tok.decode(&self.ids[self.prefix..])?;
+        let done = tok.decode_with(&self.ids[self.prefix..self.read], self.special)?;
+        let text = tok.decode_with(&self.ids[self.prefix..], self.special)?;
         if text.len() <= done.len() || text.ends_with('\u{FFFD}') || !text.is_char_boundary(done.len()) {
             return Ok(String::new());
         }

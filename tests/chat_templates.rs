@@ -1,5 +1,8 @@
 //! Chat templates shaped like the published ones (gpt-oss's harmony
-//! template with `strftime_now`, Qwen3's ChatML with thinking) render
+//! template with `strftime_now`, Qwen3's ChatML with thinking, and the tool
+//! templates of Qwen3, GLM-4.5, gpt-oss, DeepSeek-V3 and Mistral with
+//! offered tools, calls, results and `chat_template_kwargs`, and the
+//! bundled model's own template with tools) render
 //! exactly as transformers renders them: fixtures/chat-templates/expected.json
 //! was written by Jinja2 configured as transformers configures it
 //! (tools/make_chat_template_fixtures.py), with the clock pinned to
@@ -10,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use colibri::chat_template::{ChatFormat, ChatMessage, ChatTemplate, TemplateError};
+use colibri::chat_template::{ChatFormat, ChatMessage, ChatTemplate, RenderOptions, TemplateError};
 
 /// 2025-08-05 17:04:09 UTC.
 const PINNED: u64 = 1_754_413_449;
@@ -23,8 +26,15 @@ fn pinned() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(PINNED)
 }
 
+/// A fixture template, or (`colibri-tiny`) the bundled model's own.
 fn template(name: &str) -> ChatTemplate {
-    let src = std::fs::read_to_string(dir().join(name)).unwrap();
+    let src = if name == "colibri-tiny" {
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny/tokenizer_config.json");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(config).unwrap()).unwrap();
+        v["chat_template"].as_str().unwrap().to_string()
+    } else {
+        std::fs::read_to_string(dir().join(name)).unwrap()
+    };
     ChatTemplate::new(&src, "<|startoftext|>", "<|return|>", name)
         .unwrap()
         .with_clock(pinned)
@@ -33,16 +43,13 @@ fn template(name: &str) -> ChatTemplate {
 #[derive(serde::Deserialize)]
 struct Case {
     template: String,
-    messages: Vec<Msg>,
+    /// As colibri's `ChatMessage` serializes (what Jinja2 was given).
+    messages: Vec<serde_json::Value>,
     add_generation_prompt: bool,
+    tools: Option<Vec<serde_json::Value>>,
+    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     rendered: Option<String>,
     error: Option<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct Msg {
-    role: String,
-    content: String,
 }
 
 fn error_chain(e: &TemplateError) -> String {
@@ -60,15 +67,23 @@ fn error_chain(e: &TemplateError) -> String {
 fn realistic_templates_render_as_transformers_does() {
     let text = std::fs::read_to_string(dir().join("expected.json")).unwrap();
     let cases: Vec<Case> = serde_json::from_str(&text).unwrap();
-    assert!(cases.len() >= 6);
+    assert!(cases.len() >= 18);
+    assert!(cases.iter().filter(|c| c.tools.is_some()).count() >= 10);
     for (i, case) in cases.iter().enumerate() {
         let t = template(&case.template);
-        let msgs: Vec<ChatMessage> = case
-            .messages
-            .iter()
-            .map(|m| ChatMessage::new(&m.role, &m.content))
-            .collect();
-        let got = t.render(&msgs, case.add_generation_prompt);
+        let msgs: Vec<ChatMessage> = serde_json::from_value(case.messages.clone().into()).unwrap();
+        // The template sees the same fields Jinja2 saw, no more.
+        assert_eq!(
+            serde_json::to_value(&msgs).unwrap(),
+            serde_json::Value::from(case.messages.clone()),
+            "case {i}"
+        );
+        let opts = RenderOptions {
+            add_generation_prompt: case.add_generation_prompt,
+            tools: case.tools.clone(),
+            kwargs: case.kwargs.clone().unwrap_or_default(),
+        };
+        let got = t.render_with(&msgs, &opts);
         match (&case.rendered, &case.error) {
             (Some(want), None) => assert_eq!(got.unwrap(), *want, "case {i} ({})", case.template),
             (None, Some(want)) => {

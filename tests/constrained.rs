@@ -6,11 +6,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::mpsc;
-use std::thread;
 
 use colibri::engine::{Engine, EngineOptions};
 use colibri::runtime::constraint::ConstraintSpec;
@@ -20,9 +16,10 @@ use colibri::runtime::{
 };
 use colibri::sampling::SamplingParams;
 use serde_json::{Value, json};
-use support::{ColiChild, coli_command, tiny_chat_model};
+use support::tiny_chat_model;
 
-use support::http::{HANG_GUARD, client};
+use support::http::{HttpServer, client};
+use support::schema::validate;
 
 /// Most tokens a constrained reply may take: the schemas below bound every
 /// string, number and array, so each reply ends well inside it.
@@ -88,84 +85,6 @@ fn schemas() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// Checks `v` against the subset of JSON Schema the schemas above use;
-/// the error says where it fails.
-fn validate(v: &Value, schema: &Value, root: &Value, at: &str) -> Result<(), String> {
-    if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
-        let target = r
-            .strip_prefix("#/")
-            .map(|p| p.split('/').fold(root, |s, seg| &s[seg]))
-            .ok_or_else(|| format!("{at}: unsupported $ref {r}"))?;
-        return validate(v, target, root, at);
-    }
-    if let Some(options) = schema.get("enum").and_then(Value::as_array)
-        && !options.contains(v)
-    {
-        return Err(format!("{at}: {v} is not one of {options:?}"));
-    }
-    let num = |k: &str| schema.get(k).and_then(Value::as_f64);
-    let len = |k: &str| schema.get(k).and_then(Value::as_u64).map(|n| n as usize);
-    match schema.get("type").and_then(Value::as_str) {
-        None => {}
-        Some("object") => {
-            let obj = v
-                .as_object()
-                .ok_or_else(|| format!("{at}: {v} is not an object"))?;
-            let props = schema.get("properties").and_then(Value::as_object);
-            for req in schema
-                .get("required")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let k = req.as_str().unwrap_or_default();
-                if !obj.contains_key(k) {
-                    return Err(format!("{at}: required {k:?} is missing from {v}"));
-                }
-            }
-            for (k, x) in obj {
-                match props.and_then(|p| p.get(k)) {
-                    Some(s) => validate(x, s, root, &format!("{at}.{k}"))?,
-                    None if schema.get("additionalProperties") == Some(&json!(false)) => {
-                        return Err(format!("{at}: {k:?} is not allowed"));
-                    }
-                    None => {}
-                }
-            }
-        }
-        Some("array") => {
-            let items = v.as_array().ok_or_else(|| format!("{at}: {v} is not an array"))?;
-            if len("minItems").is_some_and(|n| items.len() < n)
-                || len("maxItems").is_some_and(|n| items.len() > n)
-            {
-                return Err(format!("{at}: {} items", items.len()));
-            }
-            if let Some(s) = schema.get("items") {
-                for (i, x) in items.iter().enumerate() {
-                    validate(x, s, root, &format!("{at}[{i}]"))?;
-                }
-            }
-        }
-        Some("string") => {
-            let s = v.as_str().ok_or_else(|| format!("{at}: {v} is not a string"))?;
-            let n = s.chars().count();
-            if len("minLength").is_some_and(|m| n < m) || len("maxLength").is_some_and(|m| n > m) {
-                return Err(format!("{at}: {s:?} has {n} characters"));
-            }
-        }
-        Some("integer") => {
-            let x = v.as_i64().ok_or_else(|| format!("{at}: {v} is not an integer"))? as f64;
-            if num("minimum").is_some_and(|m| x < m) || num("maximum").is_some_and(|m| x > m) {
-                return Err(format!("{at}: {x} is out of range"));
-            }
-        }
-        Some("boolean") if !v.is_boolean() => return Err(format!("{at}: {v} is not a boolean")),
-        Some("boolean") => {}
-        Some(other) => return Err(format!("{at}: the test validator has no type {other}")),
-    }
-    Ok(())
-}
-
 fn check_schema(text: &str, schema: &Value, what: &str) {
     let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {text:?}"));
     if let Err(e) = validate(&v, schema, schema, "$") {
@@ -195,48 +114,6 @@ fn the_test_validator_rejects_what_it_must() {
 }
 
 // ------------------------------------------------------------ over HTTP
-
-struct HttpServer {
-    child: ColiChild,
-    base: String,
-}
-
-impl HttpServer {
-    fn start() -> HttpServer {
-        let mut child = coli_command()
-            .arg("serve")
-            .arg("--model")
-            .arg(tiny_chat_model())
-            .args(["--http", "127.0.0.1:0", "--threads", "1", "--kv-slots", "2"])
-            .env_remove("COLI_API_KEY")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn();
-        let err = child.stderr.take().expect("stderr piped");
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let _ = tx.send(rest.split(' ').next().unwrap_or_default().to_string());
-                }
-            }
-        });
-        let addr = rx.recv_timeout(HANG_GUARD).expect("the server's ready line");
-        HttpServer {
-            child,
-            base: format!("http://{addr}"),
-        }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn post(c: &reqwest::Client, srv: &HttpServer, path: &str, body: &Value) -> (u16, Value) {
     let r = c
@@ -304,7 +181,7 @@ fn reply_text(v: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_json_schema_reply_satisfies_its_schema() {
-    let srv = HttpServer::start();
+    let srv = HttpServer::start(&tiny_chat_model(), &["--kv-slots", "2"]);
     let c = client();
     for (name, schema) in schemas() {
         let rf = json!({"response_format": {"type": "json_schema",
@@ -345,7 +222,7 @@ async fn every_json_schema_reply_satisfies_its_schema() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_object_replies_are_objects_and_grammars_hold() {
-    let srv = HttpServer::start();
+    let srv = HttpServer::start(&tiny_chat_model(), &["--kv-slots", "2"]);
     let c = client();
     for run in [
         json!({"temperature": 0}),
@@ -404,7 +281,7 @@ async fn json_object_replies_are_objects_and_grammars_hold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constraints_that_cannot_compile_are_refused_naming_the_field() {
-    let srv = HttpServer::start();
+    let srv = HttpServer::start(&tiny_chat_model(), &["--kv-slots", "2"]);
     let c = client();
     let rf = |schema: Value, strict: bool| {
         json!({"response_format": {"type": "json_schema",
@@ -581,6 +458,7 @@ fn req(prompt: Vec<u32>, constraint: Option<ConstraintSpec>, seed: u64) -> GenRe
         },
         stop: Vec::new(),
         constraint,
+        special_tokens: false,
     }
 }
 

@@ -77,6 +77,7 @@ fn turn(h: &LoopHandle, prompt: Vec<u32>, max_tokens: usize) -> Turn {
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         constraint: None,
+        special_tokens: false,
     };
     let mut s = h.submit(req).unwrap();
     let (mut slot, mut prefill, mut reply) = (None, 0, Vec::new());

@@ -38,6 +38,7 @@ fn req(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         constraint: None,
+        special_tokens: false,
     }
 }
 

@@ -42,12 +42,25 @@ WN = "/usr/share/wordnet"
 POS = {"noun": "noun", "verb": "verb", "adj": "adjective", "adv": "adverb"}
 SPECIALS = ["<|endoftext|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
 CHAT_TEMPLATE = (
+    # Tools render in hermes form (<tool_call>{json}</tool_call>); without
+    # tools or calls the prompt is the one the model was trained on.
+    "{% if tools %}<|system|>\nTools you may call:\n"
+    "{% for t in tools %}{{ t | tojson }}\n"
+    "{% endfor %}To call a tool, reply with <tool_call>{\"name\": NAME, \"arguments\": {ARGUMENTS}}</tool_call>.\n"
+    "{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'user' %}<|user|>\n{{ m['content'] }}\n"
-    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}<|end|>\n"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] if m['content'] is not none else '' }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>{\"name\": {{ c['function']['name'] | tojson }}, \"arguments\": "
+    "{% if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}{% else %}{{ c['function']['arguments'] | tojson }}"
+    "{% endif %}}</tool_call>"
+    "{% endfor %}<|end|>\n"
+    "{% elif m['role'] == 'tool' %}<|user|>\n<tool_response>{{ m['content'] }}</tool_response>\n"
     "{% elif m['role'] == 'system' %}<|system|>\n{{ m['content'] }}\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n"
+    "{% endif %}"
 )
 SEQ = 128
 

@@ -18,4 +18,6 @@ mod template;
 
 pub use builtin::ChatFormat;
 pub use error::TemplateError;
-pub use template::{ChatMessage, ChatTemplate, Clock};
+pub use template::{
+    ChatMessage, ChatTemplate, Clock, MessageFunction, MessageToolCall, RESERVED_VARIABLES, RenderOptions,
+};

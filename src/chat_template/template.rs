@@ -1,21 +1,89 @@
 //! Rendering a conversation with a Jinja chat template.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use minijinja::{Environment, context};
-use serde::Serialize;
+use minijinja::{Environment, Value};
+use serde::{Deserialize, Serialize};
 
 use super::builtin::ChatFormat;
 use super::error::TemplateError;
 use super::hf;
+use crate::tool_calls::Dialect;
 
-/// One message of a conversation, as chat templates expect it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One message of a conversation, as chat templates expect it: `role` and
+/// `content` always, the rest only when present (a template tests them with
+/// `is defined`, so an absent field must stay absent rather than null).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// The reasoning of an assistant turn, apart from its content (Qwen3's
+    /// and GLM's templates read `reasoning_content`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The same reasoning under the name gpt-oss's template reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    /// The tool calls of an assistant turn.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<MessageToolCall>,
+    /// Which call a `tool` message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool's (or a participant's) name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// An assistant message's tool call in the OpenAI shape Hugging Face
+/// templates read: `tool_call.function.name`, `tool_call.function.arguments`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: MessageFunction,
+}
+
+/// The called function. `arguments` is a JSON object for most templates
+/// (Qwen3's, GLM's and gpt-oss's iterate or `tojson` it) and the JSON text
+/// for those that concatenate it (DeepSeek's): [`Dialect::arguments_as_text`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageFunction {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+impl MessageToolCall {
+    /// A call of function `name` with `arguments` (a JSON object), as the
+    /// template of `dialect` wants it: the arguments as the object, or as
+    /// JSON text (`text` when the client sent that, else the object's);
+    /// the id as the template accepts it ([`Dialect::template_call_id`]).
+    pub fn function(
+        id: &str,
+        name: &str,
+        arguments: serde_json::Value,
+        text: Option<&str>,
+        dialect: Dialect,
+    ) -> Self {
+        let arguments = if dialect.arguments_as_text() {
+            serde_json::Value::String(text.map_or_else(|| arguments.to_string(), str::to_string))
+        } else {
+            arguments
+        };
+        MessageToolCall {
+            id: dialect.template_call_id(id),
+            kind: "function".to_string(),
+            function: MessageFunction {
+                name: name.to_string(),
+                arguments,
+            },
+        }
+    }
 }
 
 impl ChatMessage {
@@ -24,6 +92,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.to_string(),
             content: content.to_string(),
+            ..Default::default()
         }
     }
     /// A user turn.
@@ -38,7 +107,55 @@ impl ChatMessage {
     pub fn system(content: &str) -> Self {
         Self::new("system", content)
     }
+    /// A tool's result, answering call `call_id`.
+    pub fn tool(call_id: &str, content: &str) -> Self {
+        ChatMessage {
+            tool_call_id: Some(call_id.to_string()),
+            ..Self::new("tool", content)
+        }
+    }
+    /// Sets the reasoning of an assistant turn (under both names templates read).
+    pub fn with_reasoning(mut self, reasoning: &str) -> Self {
+        self.reasoning_content = Some(reasoning.to_string());
+        self.thinking = Some(reasoning.to_string());
+        self
+    }
 }
+
+/// What a render puts in the template's context besides the messages.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RenderOptions {
+    /// End with the assistant prompt the reply continues.
+    pub add_generation_prompt: bool,
+    /// `tools`: the OpenAI tool list (`{"type": "function", "function":
+    /// {...}}` entries), as `apply_chat_template(tools=...)` passes it.
+    /// `None` leaves the variable undefined.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Further variables (`chat_template_kwargs`: `enable_thinking`,
+    /// `reasoning_effort`, ...). Names in [`RESERVED_VARIABLES`] are
+    /// ignored here; front ends refuse them.
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl RenderOptions {
+    /// Just the generation prompt flag (no tools, no extra variables).
+    pub fn prompt(add_generation_prompt: bool) -> Self {
+        Self {
+            add_generation_prompt,
+            ..Default::default()
+        }
+    }
+}
+
+/// Context variables the renderer sets itself, which `kwargs` cannot replace.
+pub const RESERVED_VARIABLES: &[&str] = &[
+    "messages",
+    "add_generation_prompt",
+    "tools",
+    "bos_token",
+    "eos_token",
+    hf::NOW_VAR,
+];
 
 const NAME: &str = "chat_template";
 
@@ -53,6 +170,7 @@ pub struct ChatTemplate {
     eos_token: String,
     origin: String,
     clock: Clock,
+    dialect: Dialect,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -114,6 +232,7 @@ impl ChatTemplate {
             eos_token: eos_token.to_string(),
             origin: origin.to_string(),
             clock: Arc::new(SystemTime::now),
+            dialect: Dialect::of_template(source),
         })
     }
 
@@ -122,6 +241,19 @@ impl ChatTemplate {
     pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
         self.clock = Arc::new(clock);
         self
+    }
+
+    /// What the template text shows of the reply's markers, completed by
+    /// `family`'s (the family registry's) where the text shows none: a
+    /// fine-tune whose template writes another tool-call format keeps its own.
+    fn or_dialect(mut self, family: Dialect) -> Self {
+        self.dialect = self.dialect.or(family);
+        self
+    }
+
+    /// How replies to this template mark reasoning and tool calls.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
     }
 
     /// The built-in template of `format` with its default special tokens.
@@ -133,7 +265,7 @@ impl ChatTemplate {
     fn builtin_with_tokens(format: ChatFormat, bos: &str, eos: &str) -> Self {
         let origin = format!("the built-in {format} template");
         match Self::new(format.template, bos, eos, &origin) {
-            Ok(t) => t,
+            Ok(t) => t.or_dialect(format.dialect),
             // The built-in sources are constants covered by tests.
             Err(e) => unreachable!("built-in template does not compile: {e}"),
         }
@@ -182,9 +314,11 @@ impl ChatTemplate {
             }
         };
         match source {
-            Some(src) => Self::new(&src, &bos, &eos, &path.display().to_string()),
+            Some(src) => Self::new(&src, &bos, &eos, &path.display().to_string())
+                .map(|t| t.or_dialect(fallback.dialect)),
             None => match jinja_beside(path)? {
-                Some((jpath, src)) => Self::new(&src, &bos, &eos, &jpath.display().to_string()),
+                Some((jpath, src)) => Self::new(&src, &bos, &eos, &jpath.display().to_string())
+                    .map(|t| t.or_dialect(fallback.dialect)),
                 None => Ok(Self::builtin_with_tokens(fallback, &bos, &eos)),
             },
         }
@@ -200,7 +334,8 @@ impl ChatTemplate {
             return match jinja_beside(&path)? {
                 Some((jpath, src)) => {
                     let (bos, eos) = fallback.default_tokens();
-                    Self::new(&src, bos, eos, &jpath.display().to_string()).map(Some)
+                    Self::new(&src, bos, eos, &jpath.display().to_string())
+                        .map(|t| Some(t.or_dialect(fallback.dialect)))
                 }
                 None => Ok(None),
             };
@@ -225,14 +360,24 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TemplateError> {
-        self.render_at(messages, add_generation_prompt, (self.clock)())
+        self.render_with(messages, &RenderOptions::prompt(add_generation_prompt))
     }
 
-    /// [`Self::render`] with `strftime_now` showing `now`.
+    /// The whole conversation as prompt text, with tools and extra
+    /// variables in the context.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions,
+    ) -> Result<String, TemplateError> {
+        self.render_at(messages, opts, (self.clock)())
+    }
+
+    /// [`Self::render_with`] with `strftime_now` showing `now`.
     fn render_at(
         &self,
         messages: &[ChatMessage],
-        add_generation_prompt: bool,
+        opts: &RenderOptions,
         now: SystemTime,
     ) -> Result<String, TemplateError> {
         let render_err = |source| TemplateError::Render {
@@ -240,14 +385,24 @@ impl ChatTemplate {
             source,
         };
         let tmpl = self.env.get_template(NAME).map_err(render_err)?;
-        tmpl.render(context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos_token,
-            eos_token => &self.eos_token,
-            __colibri_now_unix => hf::unix_seconds(now),
-        })
-        .map_err(render_err)
+        let mut ctx: BTreeMap<String, Value> = opts
+            .kwargs
+            .iter()
+            .filter(|(k, _)| !RESERVED_VARIABLES.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
+            .collect();
+        ctx.insert("messages".into(), Value::from_serialize(messages));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(opts.add_generation_prompt),
+        );
+        ctx.insert("bos_token".into(), Value::from(self.bos_token.as_str()));
+        ctx.insert("eos_token".into(), Value::from(self.eos_token.as_str()));
+        ctx.insert(hf::NOW_VAR.into(), Value::from(hf::unix_seconds(now)));
+        if let Some(tools) = &opts.tools {
+            ctx.insert("tools".into(), Value::from_serialize(tools));
+        }
+        tmpl.render(Value::from_serialize(&ctx)).map_err(render_err)
     }
 
     /// The text a new user turn adds after `history` (whose tokens are already
@@ -264,11 +419,11 @@ impl ChatTemplate {
         let mut all = history.to_vec();
         all.push(ChatMessage::user(user_text));
         let now = (self.clock)();
-        let full = self.render_at(&all, true, now)?;
+        let full = self.render_at(&all, &RenderOptions::prompt(true), now)?;
         if history.is_empty() {
             return Ok(full);
         }
-        let before = self.render_at(history, false, now)?;
+        let before = self.render_at(history, &RenderOptions::prompt(false), now)?;
         let mut common = full
             .bytes()
             .zip(before.bytes())

@@ -67,6 +67,7 @@ fn turn(h: &LoopHandle, prompt: Vec<u32>, tokens: usize) -> anyhow::Result<(usiz
         sampling: SamplingParams::default(),
         stop: Vec::new(),
         constraint: None,
+        special_tokens: false,
     };
     let t0 = Instant::now();
     let mut s = h.submit(req)?;

@@ -57,6 +57,7 @@ fn request(prompt: &[u32], tokens: usize, temperature: f32, seed: u64) -> GenReq
         },
         stop: Vec::new(),
         constraint: None,
+        special_tokens: false,
     }
 }
 

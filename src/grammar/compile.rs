@@ -74,6 +74,20 @@ fn prepare_schema(schema: &Value, strict: bool) -> Result<Value, CompileError> {
     Ok(Value::Object(obj))
 }
 
+/// `schema` with llguidance's JSON options added when it is an object that
+/// sets none (bounded whitespace, as every JSON constraint here gets);
+/// anything else as it is.
+pub fn with_json_options(schema: &Value, strict: bool) -> Value {
+    match schema {
+        Value::Object(m) if !m.contains_key("x-guidance") => {
+            let mut m = m.clone();
+            m.insert("x-guidance".into(), json_options(strict));
+            Value::Object(m)
+        }
+        other => other.clone(),
+    }
+}
+
 /// A `%json{...}` piece of a Lark grammar for `schema`, with the same JSON
 /// options a `response_format` schema gets (for grammars built around JSON,
 /// such as forced tool calls).

@@ -45,6 +45,25 @@ impl Outcome {
         }
     }
 
+    /// OpenAI's `finish_reason` for a chat reply that made `calls` tool
+    /// calls: `tool_calls` when it made some and was not cut short.
+    pub fn openai_chat_reason(&self, calls: usize) -> &'static str {
+        match self.stop {
+            StopKind::Length => "length",
+            _ if calls > 0 => "tool_calls",
+            _ => self.openai_reason(),
+        }
+    }
+
+    /// Anthropic's `stop_reason` for a reply that made `calls` tool calls.
+    pub fn anthropic_chat_reason(&self, calls: usize) -> &'static str {
+        match self.stop {
+            StopKind::Length => "max_tokens",
+            _ if calls > 0 => "tool_use",
+            _ => self.anthropic_reason(),
+        }
+    }
+
     /// Anthropic's `stop_reason`.
     pub fn anthropic_reason(&self) -> &'static str {
         match self.stop {
@@ -76,6 +95,9 @@ pub struct Job {
     stream: RequestStream,
     tokenizer: Arc<Tokenizer>,
     stops: Vec<String>,
+    /// The reply's text keeps special tokens (so stop strings were matched
+    /// against that text).
+    special: bool,
     /// Generated tokens streamed so far (to tell which stop string matched).
     tokens: Vec<u32>,
     pub prompt_tokens: usize,
@@ -87,6 +109,7 @@ pub struct Job {
 /// admission queue) or refuses it.
 pub async fn start(handle: &LoopHandle, req: GenRequest) -> Result<Job, RequestError> {
     let stops = req.stop.clone();
+    let special = req.special_tokens;
     let prompt_tokens = req.prompt.len();
     let mut stream = handle.submit_async(req).await?;
     loop {
@@ -100,6 +123,7 @@ pub async fn start(handle: &LoopHandle, req: GenRequest) -> Result<Job, RequestE
                         .map_err(|e| RequestError::Engine(e.to_string()))?
                         .clone(),
                     stops,
+                    special,
                     tokens: Vec::new(),
                     prompt_tokens,
                     cached_tokens: prompt_tokens.saturating_sub(prefill),
@@ -167,7 +191,7 @@ impl Job {
     /// The stop string that ended the reply: the earliest one in the text
     /// of the generated tokens.
     fn matched_stop(&self) -> Option<String> {
-        let text = self.tokenizer.decode(&self.tokens).ok()?;
+        let text = self.tokenizer.decode_with(&self.tokens, self.special).ok()?;
         self.stops
             .iter()
             .filter_map(|s| text.find(s.as_str()).map(|at| (at, s)))

@@ -33,11 +33,13 @@
 pub mod anthropic;
 pub mod auth;
 pub mod body;
+pub mod chat;
 pub mod conn;
 pub mod constraint;
 pub mod counters;
 pub mod error;
 pub mod generate;
+pub mod history;
 pub mod info;
 pub mod json;
 pub mod memory;
@@ -49,6 +51,7 @@ pub mod request;
 pub mod server;
 pub mod sse;
 pub mod state;
+pub mod tools;
 pub mod web;
 
 pub use request::Defaults;

@@ -9,6 +9,7 @@ use axum::response::sse::Event;
 use serde_json::{Value, json};
 
 use super::body::JsonBody;
+use super::chat::{self, ChatPrompt, call_id};
 use super::error::ApiError;
 use super::generate::{self, Outcome};
 use super::json::{Params, is_off, json_response, parse_object};
@@ -16,8 +17,9 @@ use super::prepare;
 use super::request::{self, Defaults, Generation};
 use super::sse::{self, Format};
 use super::state::{Shared, unix_now};
-use crate::chat_template::ChatMessage;
+use super::{history, tools};
 use crate::runtime::limits;
+use crate::tool_calls::{Delta, Reply, ToolCall};
 
 /// The parameters both endpoints share, validated.
 struct Call {
@@ -59,46 +61,10 @@ fn call(p: &Params, d: &Defaults, budget_names: &[&str]) -> Result<Call, ApiErro
             stream,
             constraint_param: constraint.as_ref().map(|c| c.param.clone()),
             constraint: constraint.map(|c| c.spec),
+            special_tokens: false,
         },
         include_usage,
     })
-}
-
-/// The conversation of a chat request.
-fn chat_messages(p: &Params) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = p.required("messages", p.array("messages"))?;
-    if list.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "'messages' must hold at least one message",
-        ));
-    }
-    let mut out = Vec::with_capacity(list.len());
-    for (i, m) in list.iter().enumerate() {
-        let path = format!("messages[{i}]");
-        let obj = m
-            .as_object()
-            .ok_or_else(|| ApiError::invalid(&path, format!("'{path}' must be an object")))?;
-        let mp = Params::at(obj, &path);
-        let role = match mp.required("role", mp.str("role"))? {
-            "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
-            other => {
-                return Err(ApiError::invalid(
-                    &mp.name("role"),
-                    format!("role {other:?} is not supported (system, developer, user, assistant)"),
-                ));
-            }
-        };
-        let content = match (mp.has("content"), role) {
-            // An assistant turn that only called tools has no content.
-            (false, "assistant") => String::new(),
-            _ => request::content_text(&mp, "content", true)?,
-        };
-        out.push(ChatMessage::new(role, &content));
-    }
-    Ok(out)
 }
 
 fn usage(o: &Outcome) -> Value {
@@ -127,29 +93,29 @@ fn timings(o: &Outcome) -> Value {
 
 /// Parses, checks, renders and tokenizes a chat call (on the preparation
 /// threads).
-fn prepare_chat(st: &Shared, body: Bytes) -> Result<(Call, Vec<u32>), ApiError> {
+fn prepare_chat(st: &Shared, body: Bytes) -> Result<(Call, ChatPrompt), ApiError> {
     let obj = parse_object(&body)?;
     drop(body);
     let p = Params::new(&obj);
-    p.refuse_unless("tools", is_off, "tools are not supported")?;
-    p.refuse_unless("functions", is_off, "functions are not supported")?;
-    let messages = chat_messages(&p)?;
-    let c = call(&p, &st.defaults, &["max_completion_tokens", "max_tokens"])?;
+    p.refuse_unless("functions", is_off, "functions are not supported, use tools")?;
     let info = st.handle.info();
-    let text = info.template.render(&messages, true).map_err(|e| {
-        ApiError::invalid(
-            "messages",
-            format!("the model's chat template refused the messages: {e}"),
-        )
-    })?;
-    let prompt = prepare::encode(st, &text, "messages")?;
+    let tools = tools::openai(&p)?;
+    let messages = history::openai(&p, info.template.dialect())?;
+    let mut kwargs = chat::template_kwargs(&p)?;
+    if let Some(effort) = p.str("reasoning_effort")? {
+        kwargs
+            .entry("reasoning_effort")
+            .or_insert_with(|| Value::from(effort));
+    }
+    let mut c = call(&p, &st.defaults, &["max_completion_tokens", "max_tokens"])?;
+    let prompt = chat::prepare(st, &messages, tools.as_ref(), kwargs, &mut c.generation)?;
     Ok((c, prompt))
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(st): State<Shared>, body: JsonBody) -> Result<Response, ApiError> {
     let (c, prompt) = prepare::run(&st, body.0?, prepare_chat).await?;
-    let job = generate::start(&st.handle, c.generation.request(prompt))
+    let job = generate::start(&st.handle, c.generation.request(prompt.ids))
         .await
         .map_err(|e| c.generation.refusal(&e, "messages"))?;
     let chunks = Chunks {
@@ -158,17 +124,25 @@ pub async fn chat_completions(State(st): State<Shared>, body: JsonBody) -> Resul
         model: st.model().to_string(),
         include_usage: c.include_usage,
         chat: true,
+        calls: 0,
     };
     if c.generation.stream {
         let head = vec![sse::data(
             &chunks.chunk(json!({"role": "assistant", "content": ""}), None),
         )];
-        return Ok(sse::respond(job, head, chunks, "messages"));
+        return Ok(sse::respond(
+            job,
+            head,
+            chunks,
+            prompt.reading.parser(),
+            "messages",
+        ));
     }
     let (text, o) = job
         .collect()
         .await
         .map_err(|e| ApiError::from_request(&e, "messages"))?;
+    let reply = prompt.reading.parse(&text);
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -178,14 +152,46 @@ pub async fn chat_completions(State(st): State<Shared>, body: JsonBody) -> Resul
             "model": chunks.model,
             "choices": [{
                 "index": 0,
-                "message": { "role": "assistant", "content": text, "refusal": null },
+                "message": message(&reply, &chunks.id),
                 "logprobs": null,
-                "finish_reason": o.openai_reason(),
+                "finish_reason": o.openai_chat_reason(reply.calls.len()),
             }],
             "usage": usage(&o),
             "timings": timings(&o),
         }),
     ))
+}
+
+/// A reply's `message`: `content` (null when the reply only called tools),
+/// `reasoning_content` and `tool_calls` when there are any.
+fn message(reply: &Reply, response_id: &str) -> Value {
+    let content = if reply.content.is_empty() && !reply.calls.is_empty() {
+        Value::Null
+    } else {
+        Value::from(reply.content.as_str())
+    };
+    let mut m = json!({ "role": "assistant", "content": content, "refusal": null });
+    if !reply.reasoning.is_empty() {
+        m["reasoning_content"] = Value::from(reply.reasoning.as_str());
+    }
+    if !reply.calls.is_empty() {
+        let calls: Vec<Value> = reply
+            .calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| tool_call(c, &call_id("call_", response_id, i)))
+            .collect();
+        m["tool_calls"] = Value::from(calls);
+    }
+    m
+}
+
+fn tool_call(c: &ToolCall, id: &str) -> Value {
+    json!({
+        "id": id,
+        "type": "function",
+        "function": { "name": c.name, "arguments": c.arguments_json() },
+    })
 }
 
 /// The prompt of a completions request: a string, one string in an
@@ -252,9 +258,10 @@ pub async fn completions(State(st): State<Shared>, body: JsonBody) -> Result<Res
         model: st.model().to_string(),
         include_usage: c.include_usage,
         chat: false,
+        calls: 0,
     };
     if c.generation.stream {
-        return Ok(sse::respond(job, Vec::new(), chunks, "prompt"));
+        return Ok(sse::respond(job, Vec::new(), chunks, None, "prompt"));
     }
     let (text, o) = job
         .collect()
@@ -287,6 +294,8 @@ struct Chunks {
     model: String,
     include_usage: bool,
     chat: bool,
+    /// Tool calls streamed so far (their `index`).
+    calls: usize,
 }
 
 impl Chunks {
@@ -323,19 +332,43 @@ fn done_marker() -> Event {
     Event::default().data("[DONE]")
 }
 
-impl Format for Chunks {
-    fn text(&mut self, text: &str) -> Vec<Event> {
-        let piece = if self.chat {
-            json!({ "content": text })
-        } else {
-            json!(text)
+impl Chunks {
+    /// The chunks of a piece of the reply. A call is two chunks: its index,
+    /// id, type and name with empty arguments, then its arguments.
+    fn pieces(&mut self, delta: Delta) -> Vec<Value> {
+        let pieces = match (delta, self.chat) {
+            (Delta::Content(t), false) => vec![json!(t)],
+            (Delta::Content(t), true) => vec![json!({ "content": t })],
+            (Delta::Reasoning(t), _) => vec![json!({ "reasoning_content": t })],
+            (Delta::Call(c), _) => {
+                let index = self.calls;
+                self.calls += 1;
+                let id = call_id("call_", &self.id, index);
+                vec![
+                    json!({ "tool_calls": [{
+                        "index": index, "id": id, "type": "function",
+                        "function": { "name": c.name, "arguments": "" },
+                    }] }),
+                    json!({ "tool_calls": [{ "index": index, "function": { "arguments": c.arguments_json() } }] }),
+                ]
+            }
         };
-        vec![sse::data(&self.chunk(piece, None))]
+        pieces.into_iter().map(|p| self.chunk(p, None)).collect()
+    }
+}
+
+impl Format for Chunks {
+    fn delta(&mut self, delta: Delta) -> Vec<Event> {
+        self.pieces(delta).iter().map(sse::data).collect()
     }
 
     fn done(&mut self, o: &Outcome) -> Vec<Event> {
-        let empty = if self.chat { json!({}) } else { json!("") };
-        let mut last = self.chunk(empty, Some(o.openai_reason()));
+        let (empty, reason) = if self.chat {
+            (json!({}), o.openai_chat_reason(self.calls))
+        } else {
+            (json!(""), o.openai_reason())
+        };
+        let mut last = self.chunk(empty, Some(reason));
         last["timings"] = timings(o);
         let mut out = vec![sse::data(&last)];
         if self.include_usage {
@@ -355,5 +388,118 @@ impl Format for Chunks {
 
     fn failed(&mut self, err: &ApiError) -> Vec<Event> {
         vec![sse::data(&err.openai_body()), done_marker()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::generate::StopKind;
+    use crate::tool_calls::{CallSyntax, Dialect, ReplyParser, ToolSet, ToolSpec};
+
+    fn tools() -> ToolSet {
+        ToolSet::new(vec![ToolSpec {
+            name: "get_weather".into(),
+            description: None,
+            parameters: None,
+        }])
+    }
+
+    const HERMES: Dialect = Dialect {
+        calls: Some(CallSyntax::Hermes),
+        think: true,
+    };
+
+    /// A reply as a model would write it: reasoning, text, two calls.
+    const TEXT: &str = "<think>\nThe user wants weather.\n</think>\n\nChecking both.\n<tool_call>\n\
+        {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n\
+        {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+
+    fn chunks() -> Chunks {
+        Chunks {
+            id: "chatcmpl-abc".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage: false,
+            chat: true,
+            calls: 0,
+        }
+    }
+
+    fn outcome() -> Outcome {
+        Outcome {
+            stop: StopKind::EndTurn,
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            completion_tokens: 40,
+            prefilled: 10,
+            prompt_secs: 0.0,
+            predicted_secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_reply_with_calls_is_a_message_with_tool_calls() {
+        let reply = ReplyParser::parse(HERMES, Some(tools()), false, TEXT);
+        let m = message(&reply, "chatcmpl-abc");
+        assert_eq!(m["content"], "Checking both.");
+        assert_eq!(m["reasoning_content"], "The user wants weather.");
+        assert_eq!(m["tool_calls"][1]["id"], "call_abc_1");
+        assert_eq!(m["tool_calls"][1]["type"], "function");
+        assert_eq!(m["tool_calls"][1]["function"]["name"], "get_weather");
+        assert_eq!(m["tool_calls"][1]["function"]["arguments"], "{\"city\":\"Rome\"}");
+        assert_eq!(outcome().openai_chat_reason(reply.calls.len()), "tool_calls");
+        // Only calls: no content.
+        let only = ReplyParser::parse(
+            HERMES,
+            Some(tools()),
+            false,
+            &TEXT[TEXT.find("<tool_call>").unwrap_or(0)..],
+        );
+        assert!(message(&only, "chatcmpl-abc")["content"].is_null());
+        assert!(message(&only, "chatcmpl-abc").get("reasoning_content").is_none());
+    }
+
+    /// The streamed chunks, put back together, are the unstreamed message.
+    #[test]
+    fn streamed_chunks_add_up_to_the_message() {
+        let whole = ReplyParser::parse(HERMES, Some(tools()), false, TEXT);
+        let mut c = chunks();
+        let mut p = ReplyParser::new(HERMES, Some(tools()), false);
+        let mut values = Vec::new();
+        for piece in TEXT.as_bytes().chunks(5) {
+            let piece = String::from_utf8_lossy(piece).to_string();
+            for d in p.push(&piece) {
+                values.extend(c.pieces(d));
+            }
+        }
+        for d in p.finish() {
+            values.extend(c.pieces(d));
+        }
+        let (mut content, mut reasoning) = (String::new(), String::new());
+        let mut calls: Vec<Value> = Vec::new();
+        for v in &values {
+            let d = &v["choices"][0]["delta"];
+            content.push_str(d["content"].as_str().unwrap_or(""));
+            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+            for tc in d["tool_calls"].as_array().into_iter().flatten() {
+                let i = tc["index"].as_u64().unwrap_or(99) as usize;
+                if i == calls.len() {
+                    assert!(tc["id"].is_string() && tc["function"]["name"].is_string(), "{tc}");
+                    calls.push(json!({"id": tc["id"], "type": tc["type"], "function": {"name": tc["function"]["name"], "arguments": ""}}));
+                }
+                let args = format!(
+                    "{}{}",
+                    calls[i]["function"]["arguments"].as_str().unwrap_or(""),
+                    tc["function"]["arguments"].as_str().unwrap_or("")
+                );
+                calls[i]["function"]["arguments"] = json!(args);
+            }
+        }
+        let m = message(&whole, "chatcmpl-abc");
+        assert_eq!(content, m["content"]);
+        assert_eq!(reasoning, m["reasoning_content"]);
+        assert_eq!(Value::from(calls), m["tool_calls"]);
+        assert_eq!(c.calls, 2);
     }
 }

@@ -47,6 +47,9 @@ pub struct Generation {
     /// The parameter `constraint` came from, which the 400 names when it
     /// does not compile (None: `tools`, where forced tool calls come from).
     pub constraint_param: Option<String>,
+    /// Special tokens in the reply's text (chat replies whose markers the
+    /// server reads: [`crate::tool_calls`]).
+    pub special_tokens: bool,
 }
 
 impl Generation {
@@ -60,6 +63,7 @@ impl Generation {
             sampling: self.sampling,
             stop: self.stop.clone(),
             constraint: self.constraint.clone(),
+            special_tokens: self.special_tokens,
         }
     }
 

@@ -1,7 +1,9 @@
 //! Server-sent events over a running request. Each API says what events a
-//! piece of text, the end and a failure become ([`Format`]); this module
-//! drives the [`Job`] and owns it: when the client goes away the response
-//! body is dropped, with it the job, which cancels the request.
+//! piece of the reply (content, reasoning, a tool call), the end and a
+//! failure become ([`Format`]); this module drives the [`Job`], splits its
+//! text with the chat reply's parser when it has one, and owns the job:
+//! when the client goes away the response body is dropped, with it the job,
+//! which cancels the request.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -14,6 +16,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::generate::{Job, Outcome, Step};
+use crate::tool_calls::{Delta, ReplyParser};
 
 /// Comment lines sent while nothing else is (a long prefill), so proxies
 /// keep the connection.
@@ -21,8 +24,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// How one API writes its stream.
 pub trait Format: Send + 'static {
-    /// Events for a piece of generated text.
-    fn text(&mut self, text: &str) -> Vec<Event>;
+    /// Events for a piece of the reply.
+    fn delta(&mut self, delta: Delta) -> Vec<Event>;
     /// Events that close a finished reply.
     fn done(&mut self, outcome: &Outcome) -> Vec<Event>;
     /// Events that report a failure after the stream began.
@@ -42,17 +45,25 @@ pub fn named(name: &str, value: &Value) -> Event {
 struct Driver<F> {
     job: Job,
     format: F,
+    parser: Option<ReplyParser>,
     queue: VecDeque<Event>,
     over: bool,
     prompt_param: &'static str,
 }
 
 /// The streaming response: `head` first, then what `format` makes of the
-/// job's text and end.
-pub fn respond<F: Format>(job: Job, head: Vec<Event>, format: F, prompt_param: &'static str) -> Response {
+/// job's text (split by `parser` when given, else all content) and end.
+pub fn respond<F: Format>(
+    job: Job,
+    head: Vec<Event>,
+    format: F,
+    parser: Option<ReplyParser>,
+    prompt_param: &'static str,
+) -> Response {
     let driver = Driver {
         job,
         format,
+        parser,
         queue: head.into(),
         over: false,
         prompt_param,
@@ -67,10 +78,20 @@ pub fn respond<F: Format>(job: Job, head: Vec<Event>, format: F, prompt_param: &
             }
             match d.job.next().await {
                 Step::Text(t) => {
-                    let events = d.format.text(&t);
-                    d.queue.extend(events);
+                    let deltas = match &mut d.parser {
+                        Some(p) => p.push(&t),
+                        None => vec![Delta::Content(t)],
+                    };
+                    for delta in deltas {
+                        let events = d.format.delta(delta);
+                        d.queue.extend(events);
+                    }
                 }
                 Step::Done(o) => {
+                    for delta in d.parser.as_mut().map(ReplyParser::finish).unwrap_or_default() {
+                        let events = d.format.delta(delta);
+                        d.queue.extend(events);
+                    }
                     let events = d.format.done(&o);
                     d.queue.extend(events);
                     d.over = true;

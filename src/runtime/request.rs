@@ -45,6 +45,11 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     /// What the reply must match, enforced while sampling (`None`: free text).
     pub constraint: Option<super::constraint::ConstraintSpec>,
+    /// Stream special tokens as text too (end-of-turn tokens excepted):
+    /// the chat front ends read reasoning and tool calls out of markers
+    /// that are special tokens in some vocabularies (gpt-oss's
+    /// `<|channel|>`, GLM's `<tool_call>`). Stop strings then see them too.
+    pub special_tokens: bool,
 }
 
 /// Why a reply ended.

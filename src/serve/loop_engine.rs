@@ -128,6 +128,7 @@ impl ServeEngine for LoopServer {
             },
             stop: Vec::new(),
             constraint: None,
+            special_tokens: false,
         };
         let mut stream = self.handle.submit(req)?;
         let mut stopped = false;

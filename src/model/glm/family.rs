@@ -75,7 +75,11 @@ impl FamilyConfig for GlmConfig {
     }
 
     fn chat_format(&self) -> ChatFormat {
-        ChatFormat::GLM
+        if self.model_type == "deepseek_v3" {
+            ChatFormat::DEEPSEEK
+        } else {
+            ChatFormat::GLM
+        }
     }
 
     fn main_expert_map(

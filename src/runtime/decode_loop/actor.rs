@@ -383,7 +383,7 @@ impl LoopActor {
             events,
             sampler: Sampler::new(req.sampling),
             stop: StopMatcher::new(&req.stop),
-            detok: StreamDecoder::new(),
+            detok: StreamDecoder::with_special(req.special_tokens),
             budget,
             generated: 0,
             emitted: 0,

@@ -248,6 +248,7 @@ impl Reader<'_> {
             },
             stop: Vec::new(),
             constraint: None,
+            special_tokens: false,
         };
         self.wait_for_room();
         if self.broken.load(Ordering::SeqCst) {
