@@ -99,6 +99,9 @@ impl AttnWeights {
     }
 }
 
+/// Rows of one sequence that share one pass over its keys and values.
+const ROW_BLOCK: usize = 32;
+
 /// Runs attention for the new rows of several sequences. `xn` holds the
 /// normalised inputs of every sequence's new tokens back to back
 /// (`[Σ n_i, hidden]`); `seqs[i] = (n_i, cache_i)` says how many rows are
@@ -183,33 +186,74 @@ pub fn attend(
     let group = heads / kv_heads;
     let scale = (hd as f32).powf(-0.5);
     let window = spec.window;
-    let mut ctx = vec![0f32; n * q_dim];
-    ctx.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
-        let (t, h) = (i / heads, i % heads);
-        let (s, pos) = row_seq[t];
-        let (keys, vals) = caches[s];
-        let kvh = h / group;
-        let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        let mut scores: Vec<f32> = (first..=pos)
-            .map(|p| {
-                let kr = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                dot(qv, kr) * scale
-            })
-            .collect();
-        match w.sinks.get(h) {
-            Some(&sink) => softmax_with_sink(&mut scores, sink),
-            None => softmax_inplace(&mut scores),
-        }
-        out.fill(0.0);
-        for (j, &s) in scores.iter().enumerate() {
-            let p = first + j;
-            let vr = &vals[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-            for (o, &x) in out.iter_mut().zip(vr) {
-                *o += s * x;
+    let first_of = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    // Work items: a block of one sequence's consecutive rows against one
+    // head. The rows of a block share its keys and values, so each key and
+    // value row is read once per block rather than once per row (a prefill
+    // chunk or a multi-token turn reads the past ROW_BLOCK times less).
+    // Every row's scores, softmax and weighted sum are computed in the same
+    // order as one row alone, so the results do not depend on the blocking.
+    let mut blocks = Vec::new();
+    let mut row0 = 0;
+    for (s, (m, _)) in seqs.iter().enumerate() {
+        for b0 in (0..*m).step_by(ROW_BLOCK) {
+            let rows = row0 + b0..row0 + (*m).min(b0 + ROW_BLOCK);
+            for h in 0..heads {
+                blocks.push((s, h, rows.clone()));
             }
         }
-    });
+        row0 += m;
+    }
+    let outs: Vec<Vec<f32>> = blocks
+        .par_iter()
+        .map(|(s, h, rows)| {
+            let (keys, vals) = caches[*s];
+            let (h, kvh) = (*h, *h / group);
+            let span = |t: usize| {
+                let pos = row_seq[t].1;
+                (first_of(pos), pos)
+            };
+            let lo = span(rows.start).0;
+            let hi = span(rows.end - 1).1;
+            let mut scores: Vec<Vec<f32>> = rows.clone().map(|_| Vec::new()).collect();
+            for p in lo..=hi {
+                let kr = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+                for (t, sc) in rows.clone().zip(scores.iter_mut()) {
+                    let (first, pos) = span(t);
+                    if (first..=pos).contains(&p) {
+                        let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                        sc.push(dot(qv, kr) * scale);
+                    }
+                }
+            }
+            for sc in &mut scores {
+                match w.sinks.get(h) {
+                    Some(&sink) => softmax_with_sink(sc, sink),
+                    None => softmax_inplace(sc),
+                }
+            }
+            let mut out = vec![0f32; rows.len() * hd];
+            for p in lo..=hi {
+                let vr = &vals[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+                for ((t, sc), o) in rows.clone().zip(&scores).zip(out.chunks_exact_mut(hd)) {
+                    let (first, pos) = span(t);
+                    if (first..=pos).contains(&p) {
+                        let weight = sc[p - first];
+                        for (o, &x) in o.iter_mut().zip(vr) {
+                            *o += weight * x;
+                        }
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    let mut ctx = vec![0f32; n * q_dim];
+    for ((_, h, rows), out) in blocks.iter().zip(&outs) {
+        for (t, o) in rows.clone().zip(out.chunks_exact(hd)) {
+            ctx[t * q_dim + h * hd..t * q_dim + (h + 1) * hd].copy_from_slice(o);
+        }
+    }
     let mut out = vec![0f32; n * hidden];
     w.o.matmul(&ctx, n, &mut out);
     add_bias(&mut out, &w.bias.o);
