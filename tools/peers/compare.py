@@ -185,6 +185,55 @@ def llama_src(work):
     return src
 
 
+SERVER_CMAKE = [
+    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
+]
+
+
+def native_cmake():
+    """-DGGML_NATIVE=ON, except on a CPU that lists AMX: a virtual machine
+    may list AMX and still refuse its tile instructions (llama-server dies of
+    SIGILL in ggml's AMX matmul at its warm-up run), so there the same
+    instruction sets are named one by one, AMX left out."""
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if "amx_tile" not in flags:
+        return ["-DGGML_NATIVE=ON"]
+    named = {"GGML_AVX": "avx", "GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c",
+             "GGML_BMI2": "bmi2", "GGML_AVX_VNNI": "avx_vnni", "GGML_AVX512": "avx512f",
+             "GGML_AVX512_VBMI": "avx512vbmi", "GGML_AVX512_VNNI": "avx512_vnni",
+             "GGML_AVX512_BF16": "avx512_bf16"}
+    return ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"] + [
+        f"-D{opt}={'ON' if flag in flags else 'OFF'}" for opt, flag in named.items()]
+
+
+def server_bin(work):
+    return work / "llama-server-build" / "bin" / "llama-server"
+
+
+def setup_server(a):
+    """For the `turns` step: llama.cpp's own `llama-server`, built for this
+    CPU from the same vendored llama.cpp as the package, and the converter's
+    dependencies (it does not need the llama-cpp-python package itself)."""
+    work = a.work
+    py = venv_python(work)
+    if not py.exists():
+        run([sys.executable, "-m", "venv", work / "venv"])
+    run([py, "-m", "pip", "install", "-q", "cmake", "ninja"] + PIP_PINS)
+    if server_bin(work).exists():
+        return
+    build = work / "llama-server-build"
+    run([work / "venv" / "bin" / "cmake", "-S", llama_src(work), "-B", build, "-G", "Ninja",
+         f"-DCMAKE_MAKE_PROGRAM={work / 'venv' / 'bin' / 'ninja'}", *SERVER_CMAKE, *native_cmake()])
+    run([work / "venv" / "bin" / "cmake", "--build", build, "--target", "llama-server",
+         "-j", str(os.cpu_count() or 1)])
+
+
 # ---------------------------------------------------------------- make-hf
 
 def bf16_bytes(x):
@@ -331,7 +380,8 @@ sys.exit(llama_cpp.llama_model_quantize(b"{src}", b"{tmp}", p))
     tmp.rename(dst)
 
 
-def convert(a):
+def convert_q8(a):
+    """The Q8_0 GGUF and the int8 coli container, the pair `turns` compares."""
     work, src = a.work, llama_src(a.work)
     hf = work / "hf"
     q8 = work / "olmoe-q8_0.gguf"
@@ -341,10 +391,20 @@ def convert(a):
         tmp = Path(str(q8) + ".tmp")
         run([venv_python(work), wrapper, src, hf, "--outtype", "q8_0", "--outfile", tmp])
         tmp.rename(q8)
+    dst = work / "coli-int8"
+    if not dst.exists():
+        run([a.coli, "convert", "--input", hf, "--output", dst, "--experts", "int8", "--dense", "int8"])
+
+
+def convert(a):
+    convert_q8(a)
+    work = a.work
+    q8 = work / "olmoe-q8_0.gguf"
+    hf = work / "hf"
     q4 = work / "olmoe-q4_0.gguf"
     if not q4.exists():
         quantize(work, q8, q4, "LLAMA_FTYPE_MOSTLY_Q4_0")
-    for bits in ["int8", "int4"]:
+    for bits in ["int4"]:
         dst = work / f"coli-{bits}"
         if not dst.exists():
             run([a.coli, "convert", "--input", hf, "--output", dst, "--experts", bits, "--dense", bits])
@@ -599,6 +659,165 @@ def prefill(a):
     print("\n".join(lines))
 
 
+# ---------------------------------------------------------------- turns
+
+TURNS_CONVERSATIONS = 8
+TURNS_SLOTS = 4
+TURNS_FIRST = 2000
+TURNS_NEW = 16
+TURNS_REPLY = 8
+
+
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post_json(url, body, timeout=3600):
+    import urllib.request
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_ready(url, proc, what):
+    import urllib.error
+    import urllib.request
+    for _ in range(3000):
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{what} was not ready in 10 minutes")
+
+
+class Coli:
+    name = "coli"
+
+    def __init__(self, a, threads, ctx):
+        self.port = free_port()
+        targs, env = coli_threads_args(a.coli, threads)
+        cmd = [a.coli, "serve", "--model", a.work / "coli-int8", "--http", f"127.0.0.1:{self.port}",
+               "--kv-slots", str(TURNS_SLOTS), "--ctx", str(ctx), "--no-web", *targs,
+               *a.coli_args.split()]
+        log("$ " + " ".join(str(c) for c in cmd))
+        self.proc = subprocess.Popen([str(c) for c in cmd], env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, "coli serve")
+
+    def turn(self, ids):
+        v = post_json(f"http://127.0.0.1:{self.port}/v1/completions",
+                      {"prompt": ids, "max_tokens": TURNS_REPLY, "temperature": 0})
+        return v["timings"]["prompt_n"], v["timings"]["cache_n"], v["choices"][0]["text"]
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+class LlamaServer:
+    name = "llama-server"
+
+    def __init__(self, a, threads, ctx):
+        self.port = free_port()
+        # -np slots sharing -c; --cache-reuse lets a slot reuse shifted chunks;
+        # the host-memory prompt cache (--cache-ram) is on by default where the
+        # version has it. cache_prompt is on per request below.
+        cmd = [server_bin(a.work), "-m", a.work / "olmoe-q8_0.gguf", "--host", "127.0.0.1",
+               "--port", str(self.port), "-np", str(TURNS_SLOTS), "-c", str(ctx * TURNS_SLOTS),
+               "-t", str(threads), "-tb", str(threads), "--cache-reuse", "256", "-b", "512", "-ub", "512"]
+        log("$ " + " ".join(str(c) for c in cmd))
+        self.proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=open(a.work / "llama-server.log", "w"))
+        wait_ready(f"http://127.0.0.1:{self.port}/health", self.proc, "llama-server")
+
+    def turn(self, ids):
+        v = post_json(f"http://127.0.0.1:{self.port}/completion",
+                      {"prompt": ids, "n_predict": TURNS_REPLY, "temperature": 0, "top_k": 1,
+                       "cache_prompt": True, "return_tokens": True})
+        t = v["timings"]
+        return t["prompt_n"], t.get("cache_n", 0), v.get("tokens") or v["content"]
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def turns_workload(engine, rng_seed, turns):
+    """N conversations taking turns round-robin, one request at a time: the
+    first turn is TURNS_FIRST token ids, every later one the conversation's
+    last prompt plus TURNS_NEW new ids. The reply is not carried into the
+    next prompt: an engine's reply comes back as its own tokens (llama-server)
+    or as text (coli), and re-tokenizing text would make the two histories
+    differ; without it both see exactly the same prompts. Returns per later
+    turn (computed tokens, new tokens, seconds)."""
+    import random
+    rng = random.Random(rng_seed)
+    # Ids of ordinary tokens of the bundled vocabulary (6..1023; 0-5 are its specials).
+    draw = lambda n: [rng.randrange(6, 1024) for _ in range(n)]
+    convs = [draw(TURNS_FIRST) for _ in range(TURNS_CONVERSATIONS)]
+    out = []
+    for t in range(turns):
+        for c in range(TURNS_CONVERSATIONS):
+            if t > 0:
+                convs[c] = convs[c] + draw(TURNS_NEW)
+            t0 = time.perf_counter()
+            computed, _cached, _reply = engine.turn(convs[c])
+            dt = time.perf_counter() - t0
+            if t > 0:
+                out.append((computed, TURNS_NEW, dt))
+    return out
+
+
+def turns(a):
+    """Prompt reuse across more conversations than slots: coli serve against
+    llama-server on the same checkpoint (int8 vs Q8_0), rounds interleaved."""
+    convert_q8(a)
+    ctx = TURNS_FIRST + a.turns * TURNS_NEW + TURNS_REPLY + 64
+    rows = []
+    version = subprocess.run([server_bin(a.work), "--version"], capture_output=True, text=True)
+    print(f"llama-server: {(version.stdout + version.stderr).strip().splitlines()[0]}")
+    print(f"coli: {coli_kernels(a)}")
+    for r in range(a.rounds):
+        for threads in a.threads:
+            for cls, files in [(Coli, a.work / "coli-int8"), (LlamaServer, a.work / "olmoe-q8_0.gguf")]:
+                if a.only and a.only != cls.name:
+                    continue
+                warm_page_cache(files)
+                eng = cls(a, threads, ctx)
+                try:
+                    res = turns_workload(eng, a.seed + r, a.turns)
+                finally:
+                    eng.close()
+                computed = sum(x[0] for x in res)
+                new = sum(x[1] for x in res)
+                ms = statistics.median(x[2] for x in res) * 1e3
+                rows.append((cls.name, threads, r, computed / new, ms))
+                log(f"turns: {cls.name} threads {threads} round {r}: computed/new {computed / new:.2f}, "
+                    f"median turn {ms:.0f} ms")
+    log_path = a.work / "llama-server.log"
+    log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    info = [l for l in log_text.splitlines() if "system_info" in l]
+    print(f"llama-server {info[0].strip() if info else '(no system_info line in its log)'}")
+    print(f"| engine | threads | computed / new (turns after the first round) | median turn ms (rounds) |")
+    print("|---|---|---|---|")
+    for name in ["coli", "llama-server"]:
+        for threads in a.threads:
+            sel = [x for x in rows if x[0] == name and x[1] == threads]
+            if not sel:
+                continue
+            ratio = statistics.median(x[3] for x in sel)
+            mss = ", ".join(f"{x[4]:.0f}" for x in sel)
+            print(f"| {name} | {threads} | {ratio:.2f} | {mss} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description="coli vs llama.cpp; see tools/peers/README.md")
     ap.add_argument("steps", help="all, or a comma-separated list of setup,setup-avx2,make-hf,convert,bench,prefill")
@@ -612,6 +831,7 @@ def main():
     ap.add_argument("--coli-args", default="", help="extra coli engine flags, e.g. --f32-acts")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     ap.add_argument("--only", default="", help="subset, e.g. int8:replay (weights:workload)")
+    ap.add_argument("--turns", type=int, default=4, help="turns per conversation (the turns step)")
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
                     help="avx2: both engines restricted to AVX2 (needs the setup-avx2 step)")
     a = ap.parse_args()
@@ -621,16 +841,17 @@ def main():
     a.work.mkdir(parents=True, exist_ok=True)
     a.coli = a.coli.resolve()
     steps = {"setup": setup, "setup-avx2": setup_avx2, "make-hf": make_hf, "convert": convert,
-             "bench": bench, "prefill": prefill}
+             "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns}
     if a.steps == "all":
-        todo = [s for s in steps if s != "setup-avx2" or a.isa == "avx2"]
+        todo = [s for s in steps if s not in ("setup-server", "turns") and (s != "setup-avx2" or a.isa == "avx2")]
     else:
         todo = a.steps.split(",")
     for name in todo:
         if name not in steps:
             raise SystemExit(f"unknown step {name!r}")
-    if todo[0] == "setup":
-        setup(a)
+    while todo and todo[0] in ("setup", "setup-server"):
+        # These make the venv the other steps run in.
+        steps[todo[0]](a)
         todo = todo[1:]
     if not todo:
         return
