@@ -115,19 +115,6 @@ fn the_test_validator_rejects_what_it_must() {
 
 // ------------------------------------------------------------ over HTTP
 
-async fn post(c: &reqwest::Client, srv: &HttpServer, path: &str, body: &Value) -> (u16, Value) {
-    let r = c
-        .post(format!("{}{path}", srv.base))
-        .json(body)
-        .send()
-        .await
-        .expect("request");
-    let status = r.status().as_u16();
-    let text = r.text().await.expect("body");
-    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text:?}"));
-    (status, v)
-}
-
 /// A streamed request's text and finish reason (chat deltas or completion text).
 async fn post_stream(c: &reqwest::Client, srv: &HttpServer, path: &str, body: &Value) -> (String, String) {
     let mut body = body.clone();
@@ -196,7 +183,7 @@ async fn every_json_schema_reply_satisfies_its_schema() {
                 o.extend(r);
             }
             let body = chat("Describe someone as JSON.", extra);
-            let (status, v) = post(&c, &srv, "/v1/chat/completions", &body).await;
+            let (status, v) = srv.post("/v1/chat/completions", &body).await;
             assert_eq!(status, 200, "{name} {run}: {v}");
             let text = reply_text(&v);
             let what = format!("{name} {run}");
@@ -212,7 +199,7 @@ async fn every_json_schema_reply_satisfies_its_schema() {
     for seed in [7, 8] {
         let body = json!({"prompt": "A person:", "json_schema": schema, "max_tokens": BUDGET,
             "temperature": 1, "seed": seed});
-        let (status, v) = post(&c, &srv, "/v1/completions", &body).await;
+        let (status, v) = srv.post("/v1/completions", &body).await;
         assert_eq!(status, 200, "{v}");
         check_schema(&reply_text(&v), schema, "completions json_schema");
         let (streamed, _) = post_stream(&c, &srv, "/v1/completions", &body).await;
@@ -234,7 +221,7 @@ async fn json_object_replies_are_objects_and_grammars_hold() {
             o.extend(r);
         }
         let body = chat("Give me a JSON object.", extra);
-        let (status, v) = post(&c, &srv, "/v1/chat/completions", &body).await;
+        let (status, v) = srv.post("/v1/chat/completions", &body).await;
         assert_eq!(status, 200, "{v}");
         let text = reply_text(&v);
         if v["choices"][0]["finish_reason"] == "stop" {
@@ -267,7 +254,7 @@ async fn json_object_replies_are_objects_and_grammars_hold() {
         for seed in 1..=4 {
             let body = json!({"prompt": "Answer:", "grammar": grammar, "max_tokens": 20,
                 "temperature": 1, "seed": seed});
-            let (status, v) = post(&c, &srv, "/v1/completions", &body).await;
+            let (status, v) = srv.post("/v1/completions", &body).await;
             assert_eq!(status, 200, "{v}");
             let text = reply_text(&v);
             assert!(
@@ -363,7 +350,7 @@ async fn constraints_that_cannot_compile_are_refused_naming_the_field() {
     ];
     for (extra, param, words) in cases {
         let body = chat("hi", extra.clone());
-        let (status, v) = post(&c, &srv, "/v1/chat/completions", &body).await;
+        let (status, v) = srv.post("/v1/chat/completions", &body).await;
         assert_eq!(status, 400, "{extra}: {v}");
         assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
         assert_eq!(v["error"]["param"], param, "{extra}: {v}");
@@ -376,7 +363,7 @@ async fn constraints_that_cannot_compile_are_refused_naming_the_field() {
     let lenient = json!({"type": "array", "uniqueItems": true, "maxItems": 2,
         "items": {"type": "integer", "minimum": 0, "maximum": 9}});
     let body = chat("hi", rf(lenient, false));
-    let (status, v) = post(&c, &srv, "/v1/chat/completions", &body).await;
+    let (status, v) = srv.post("/v1/chat/completions", &body).await;
     assert_eq!(status, 200, "{v}");
     let text = reply_text(&v);
     assert!(
@@ -416,7 +403,7 @@ async fn constraints_that_cannot_compile_are_refused_naming_the_field() {
     for extra in hostile {
         let mut body = chat("hi", extra.clone());
         body["max_tokens"] = json!(8);
-        let (status, v) = post(&c, &srv, "/v1/chat/completions", &body).await;
+        let (status, v) = srv.post("/v1/chat/completions", &body).await;
         assert!(status == 200 || status == 400, "{extra}: {status} {v}");
         if status == 400 {
             assert!(v["error"]["param"].is_string(), "{v}");

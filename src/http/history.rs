@@ -249,14 +249,9 @@ pub fn anthropic(p: &Params, dialect: Dialect) -> Result<Vec<ChatMessage>, ApiEr
 mod tests {
     use super::*;
     use crate::tool_calls::CallSyntax;
-    use serde_json::{Map, json};
+    use serde_json::json;
 
-    fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
-    }
+    use crate::http::json::object_of as obj;
 
     const HERMES: Dialect = Dialect {
         calls: Some(CallSyntax::Hermes),

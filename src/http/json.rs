@@ -202,17 +202,22 @@ pub fn is_off(v: &Value) -> bool {
     }
 }
 
+/// `v` as an object, empty when it is none: what the tests of the request
+/// parsers build their `Params` from.
+#[cfg(test)]
+pub(crate) fn object_of(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
-    fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
-    }
+    use super::object_of as obj;
 
     #[test]
     fn malformed_bodies_are_errors_not_panics() {

@@ -184,14 +184,9 @@ fn fresh_seed() -> u64 {
 mod tests {
     use super::*;
     use crate::runtime::limits::OPENAI_MAX_STOPS as MAX_STOPS;
-    use serde_json::{Map, json};
+    use serde_json::json;
 
-    fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
-    }
+    use crate::http::json::object_of as obj;
 
     #[test]
     fn stop_accepts_a_string_or_up_to_four() {

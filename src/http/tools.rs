@@ -281,14 +281,8 @@ pub fn anthropic(p: &Params) -> Result<Option<Tools>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Map;
 
-    fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        }
-    }
+    use crate::http::json::object_of as obj;
 
     fn weather() -> Value {
         json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}})
