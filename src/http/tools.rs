@@ -3,7 +3,7 @@
 //! / `tool_choice`, validated (each error names the parameter) into one
 //! shape.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use super::error::ApiError;
 use super::json::Params;
@@ -113,19 +113,35 @@ fn check_choice(choice: &ToolChoice, specs: &[ToolSpec], param: &str) -> Result<
     }
 }
 
+/// The request's `tools` list, and each entry as an object with the path
+/// errors name it by (`tools[2]`).
+type Entries<'a> = (&'a [Value], Vec<(String, &'a Map<String, Value>)>);
+
+fn entries<'a>(p: &Params<'a>) -> Result<Entries<'a>, ApiError> {
+    let list = p.array("tools")?.map(Vec::as_slice).unwrap_or_default();
+    let entries = list
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let at = format!("tools[{i}]");
+            match t.as_object() {
+                Some(obj) => Ok((at, obj)),
+                None => Err(ApiError::invalid(&at, format!("'{at}' must be an object"))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((list, entries))
+}
+
 /// OpenAI's `tools` (`[{"type": "function", "function": {"name",
 /// "description", "parameters", "strict"}}]`), `tool_choice` (`"auto"`,
 /// `"none"`, `"required"`, `{"type": "function", "function": {"name"}}`)
 /// and `parallel_tool_calls`. `None` without tools.
 pub fn openai(p: &Params) -> Result<Option<Tools>, ApiError> {
-    let list = p.array("tools")?.map(Vec::as_slice).unwrap_or_default();
+    let (list, entries) = entries(p)?;
     let mut specs = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let obj = t
-            .as_object()
-            .ok_or_else(|| ApiError::invalid(&at, format!("'{at}' must be an object")))?;
-        let q = Params::at(obj, &at);
+    for (at, obj) in &entries {
+        let q = Params::at(obj, at);
         match q.required("type", q.str("type"))? {
             "function" => {}
             other => {
@@ -207,15 +223,11 @@ pub fn openai(p: &Params) -> Result<Option<Tools>, ApiError> {
 /// "tool", "name"}`, each with `disable_parallel_tool_use`). `None` without
 /// tools.
 pub fn anthropic(p: &Params) -> Result<Option<Tools>, ApiError> {
-    let list = p.array("tools")?.map(Vec::as_slice).unwrap_or_default();
+    let (list, entries) = entries(p)?;
     let mut specs = Vec::with_capacity(list.len());
     let mut template = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let at = format!("tools[{i}]");
-        let obj = t
-            .as_object()
-            .ok_or_else(|| ApiError::invalid(&at, format!("'{at}' must be an object")))?;
-        let q = Params::at(obj, &at);
+    for (at, obj) in &entries {
+        let q = Params::at(obj, at);
         match q.str("type")? {
             None | Some("custom") => {}
             Some(other) => {
