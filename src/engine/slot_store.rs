@@ -245,40 +245,8 @@ impl SlotStore {
 
 #[cfg(test)]
 mod tests {
-    use std::any::Any;
-
     use super::*;
-    use crate::model::lm::SequenceState;
-
-    const PAYLOAD: usize = 24;
-
-    /// A sequence state that stores each position's record as given.
-    struct FakeState(Vec<Vec<u8>>);
-
-    impl SequenceState for FakeState {
-        fn len(&self) -> usize {
-            self.0.len()
-        }
-        fn truncate(&mut self, n: usize) {
-            self.0.truncate(n);
-        }
-        fn record_bytes(&self) -> usize {
-            PAYLOAD
-        }
-        fn position_bytes(&self, pos: usize) -> Vec<u8> {
-            self.0[pos].clone()
-        }
-        fn push_position_bytes(&mut self, bytes: &[u8]) -> bool {
-            if bytes.len() != PAYLOAD {
-                return false;
-            }
-            self.0.push(bytes.to_vec());
-            true
-        }
-        fn as_any_mut(&mut self) -> &mut dyn Any {
-            self
-        }
-    }
+    use crate::runtime::test_state::{FakeState, RECORD as PAYLOAD};
 
     fn sessions(n: usize) -> Vec<Session> {
         (0..n)

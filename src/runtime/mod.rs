@@ -13,7 +13,7 @@ pub mod prompt_cache;
 pub mod request;
 pub mod stop;
 #[cfg(test)]
-mod test_state;
+pub(crate) mod test_state;
 
 pub use decode_loop::{
     Canceller, DecodeLoop, LoopConfig, LoopError, LoopHandle, MetricsSnapshot, ModelInfo, RequestStream,

@@ -3,9 +3,7 @@
 //! writes `<tool_call>\n{"name": "N", "arguments": ARGS}\n</tool_call>`,
 //! ARGS as the client gave it when a string, else through `tojson`.
 
-use serde_json::Value;
-
-use super::{Block, ToolSet, call_of_json};
+use super::{Block, ToolSet, call_of_json, json_after};
 
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";
@@ -13,24 +11,13 @@ pub const CLOSE: &str = "</tool_call>";
 /// The block at the start of `buf` (which starts with [`OPEN`]). A block
 /// the reply's end leaves unclosed still counts when its JSON is whole.
 pub(crate) fn scan(buf: &str, at_end: bool, tools: &ToolSet) -> Block {
-    let body = &buf[OPEN.len()..];
-    let json = body.trim_start();
-    let lead = OPEN.len() + body.len() - json.len();
-    if json.is_empty() {
-        return if at_end { Block::Bad } else { Block::Pending };
-    }
-    if !json.starts_with('{') {
-        return Block::Bad;
-    }
-    let mut values = serde_json::Deserializer::from_str(json).into_iter::<Value>();
-    let value = match values.next() {
-        Some(Ok(v)) => v,
-        Some(Err(e)) if e.is_eof() && !at_end => return Block::Pending,
-        _ => return Block::Bad,
+    let (value, end) = match json_after(buf, OPEN, at_end, &['{']) {
+        Ok(v) => v,
+        Err(b) => return b,
     };
-    let after = &json[values.byte_offset()..];
+    let after = &buf[end..];
     let rest = after.trim_start();
-    let used = lead + values.byte_offset() + (after.len() - rest.len());
+    let used = end + (after.len() - rest.len());
     let len = if rest.starts_with(CLOSE) {
         used + CLOSE.len()
     } else if rest.is_empty() && at_end {

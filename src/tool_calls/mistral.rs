@@ -4,26 +4,15 @@
 
 use serde_json::Value;
 
-use super::{Block, ToolSet, call_of_json};
+use super::{Block, ToolSet, call_of_json, json_after};
 
 pub const OPEN: &str = "[TOOL_CALLS]";
 
 /// The block at the start of `buf` (which starts with [`OPEN`]).
 pub(crate) fn scan(buf: &str, at_end: bool, tools: &ToolSet) -> Block {
-    let body = &buf[OPEN.len()..];
-    let json = body.trim_start();
-    let lead = OPEN.len() + body.len() - json.len();
-    if json.is_empty() {
-        return if at_end { Block::Bad } else { Block::Pending };
-    }
-    if !json.starts_with('[') && !json.starts_with('{') {
-        return Block::Bad;
-    }
-    let mut values = serde_json::Deserializer::from_str(json).into_iter::<Value>();
-    let value = match values.next() {
-        Some(Ok(v)) => v,
-        Some(Err(e)) if e.is_eof() && !at_end => return Block::Pending,
-        _ => return Block::Bad,
+    let (value, end) = match json_after(buf, OPEN, at_end, &['[', '{']) {
+        Ok(v) => v,
+        Err(b) => return b,
     };
     let items = match value {
         Value::Array(items) => items,
@@ -32,10 +21,7 @@ pub(crate) fn scan(buf: &str, at_end: bool, tools: &ToolSet) -> Block {
     };
     let calls: Option<Vec<_>> = items.iter().map(|v| call_of_json(v, tools)).collect();
     match calls {
-        Some(calls) if !calls.is_empty() => Block::Done {
-            calls,
-            len: lead + values.byte_offset(),
-        },
+        Some(calls) if !calls.is_empty() => Block::Done { calls, len: end },
         _ => Block::Bad,
     }
 }

@@ -121,6 +121,33 @@ impl Reply {
     }
 }
 
+/// The JSON value that follows `open` at the start of `buf` (after
+/// whitespace), when it begins with one of `starts`: the value and the
+/// bytes of `buf` up to its end; else how the block stands (a value the
+/// buffer cuts off is pending until the reply ends).
+pub(crate) fn json_after(
+    buf: &str,
+    open: &str,
+    at_end: bool,
+    starts: &[char],
+) -> Result<(Value, usize), Block> {
+    let body = &buf[open.len()..];
+    let json = body.trim_start();
+    let lead = open.len() + body.len() - json.len();
+    if json.is_empty() {
+        return Err(if at_end { Block::Bad } else { Block::Pending });
+    }
+    if !json.starts_with(starts) {
+        return Err(Block::Bad);
+    }
+    let mut values = serde_json::Deserializer::from_str(json).into_iter::<Value>();
+    match values.next() {
+        Some(Ok(v)) => Ok((v, lead + values.byte_offset())),
+        Some(Err(e)) if e.is_eof() && !at_end => Err(Block::Pending),
+        _ => Err(Block::Bad),
+    }
+}
+
 /// A call from a decoded JSON object `{"name": N, "arguments": {...}}`
 /// (`parameters` is taken for `arguments`; the arguments may also be JSON
 /// text holding an object). `None` when it is not one, or `N` is not offered.
