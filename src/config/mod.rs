@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod spelling;
+
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -93,8 +95,9 @@ pub(crate) fn check_products(path: &Path, products: &[(&'static str, &[usize])])
     Ok(())
 }
 
-/// Reads `config.json` of a model directory into JSON, for dispatching on
-/// `model_type` before parsing the family's typed config.
+/// Reads `config.json` of a model directory into JSON as written, for
+/// dispatching on `model_type` before parsing the family's typed config
+/// (which rewrites it into one spelling first, [`spelling::canonical`]).
 pub fn read_json(dir: &Path) -> Result<(PathBuf, serde_json::Value), ConfigError> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io {
@@ -108,24 +111,25 @@ pub fn read_json(dir: &Path) -> Result<(PathBuf, serde_json::Value), ConfigError
     Ok((path, value))
 }
 
-/// `rope_theta` at the top level (transformers 4) or inside
-/// `rope_parameters` (transformers 5); 10000 when absent.
-pub(crate) fn rope_theta(top: Option<f64>, params: Option<&serde_json::Value>) -> f64 {
-    top.or_else(|| params?.get("rope_theta")?.as_f64())
-        .unwrap_or(10000.0)
+/// `rope_theta` of a canonical config ([`spelling::canonical`] lifts
+/// transformers 5's `rope_parameters.rope_theta`); `default` when absent.
+pub(crate) fn rope_theta(top: Option<f64>, default: f64) -> f64 {
+    top.unwrap_or(default)
 }
 
-/// The RoPE type named in `rope_parameters` or `rope_scaling`, if any.
-pub(crate) fn rope_kind(
-    params: Option<&serde_json::Value>,
-    scaling: Option<&serde_json::Value>,
-) -> Option<String> {
-    [params, scaling].into_iter().flatten().find_map(|v| {
-        v.get("rope_type")
-            .or_else(|| v.get("type"))
-            .and_then(|t| t.as_str())
-            .map(str::to_string)
-    })
+/// The RoPE type named in a canonical config's `rope_scaling`, if any.
+pub(crate) fn rope_kind(scaling: Option<&serde_json::Value>) -> Option<String> {
+    let v = scaling?;
+    v.get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(|t| t.as_str())
+        .map(str::to_string)
+}
+
+/// Why a RoPE type is refused, naming both places a config may have
+/// spelled it.
+pub(crate) fn unsupported_rope(kind: &str, supported: &str) -> String {
+    format!("(or rope_parameters) gives rope type {kind:?}, which is not supported ({supported})")
 }
 
 /// Token ids from a JSON number or list (`eos_token_id` in config.json and

@@ -23,6 +23,12 @@ pub(crate) struct ModelSpec {
     /// One entry per decoder layer that may hold tensors (`model.layers.N.`
     /// with N beyond it is refused); true where the layer has routed experts.
     pub expert_layers: Vec<bool>,
+    /// Layers from this index on are next-token (MTP) layers that a
+    /// checkpoint may lack entirely: transformers drops them when it loads a
+    /// release, so a fine-tune it saves declares them in config.json without
+    /// their weights. Such a layer is left out; one that is there in part is
+    /// still an error. `usize::MAX`: every layer is required.
+    pub optional_layers_from: usize,
     pub n_experts: usize,
     pub hidden: usize,
     /// Rows of an expert's gate/up projection.
@@ -652,6 +658,9 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
     }
     let bias_shapes = [[inter], [inter], [h]];
     for l in (0..layers).filter(|&l| spec.expert_layers[l]) {
+        if l >= spec.optional_layers_from && !expert_src.keys().any(|k| k.0 == l) {
+            continue;
+        }
         for e in 0..n_exp {
             for (which, shape) in shapes.iter().enumerate() {
                 let name = spec.naming.tensor(l, e, which);
@@ -875,5 +884,86 @@ mod expert_bias_tests {
         assert_eq!(jobs.len(), 2 + 2 * 2 * 3);
         let bias = jobs.iter().find(|j| j.name == naming.bias(0, 0, 0)).unwrap();
         assert!(!bias.expert);
+    }
+}
+
+#[cfg(test)]
+mod next_token_layer_tests {
+    use super::*;
+
+    /// GLM-4.x with two main layers (the first dense) and one next-token layer.
+    fn glm4_spec() -> ModelSpec {
+        let cfg = crate::model::moe_decoder::glm4_moe::from_json(
+            Path::new("c.json"),
+            serde_json::json!({
+                "model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 24,
+                "moe_intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 8, "n_routed_experts": 2, "num_experts_per_tok": 1,
+                "first_k_dense_replace": 1, "num_nextn_predict_layers": 1
+            }),
+        )
+        .unwrap();
+        crate::model::family::FamilyConfig::convert_spec(
+            &cfg,
+            Path::new("c.json"),
+            QFormat::Int8,
+            QFormat::Int8,
+        )
+        .unwrap()
+    }
+
+    fn experts_of(spec: &ModelSpec, l: usize) -> Vec<InputTensor> {
+        let (h, i) = (spec.hidden, spec.inter);
+        (0..spec.n_experts)
+            .flat_map(|e| {
+                [[i, h], [i, h], [h, i]]
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(which, shape)| (e, which, shape))
+            })
+            .map(|(e, which, shape)| InputTensor {
+                name: spec.naming.tensor(l, e, which),
+                dtype: Dtype::F32,
+                shape: shape.to_vec(),
+                path: PathBuf::from("x"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_next_token_layer_saved_without_weights_is_left_out_and_one_in_part_is_refused() {
+        let spec = glm4_spec();
+        assert_eq!(spec.expert_layers, vec![false, true, true]);
+        let main = experts_of(&spec, 1);
+        let jobs = plan(&main, Path::new("x"), &spec).unwrap();
+        assert_eq!(jobs.len(), main.len());
+        assert!(jobs.iter().all(|j| layer_of(&j.name) == Some(1)));
+
+        let mut with_mtp = main.clone();
+        with_mtp.extend(experts_of(&spec, 2));
+        assert_eq!(
+            plan(&with_mtp, Path::new("x"), &spec).unwrap().len(),
+            2 * main.len()
+        );
+
+        let mut part = main;
+        part.push(experts_of(&spec, 2).remove(0));
+        let err = plan(&part, Path::new("x"), &spec).unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers.2.") && err.contains("missing"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_main_layer_without_experts_is_still_refused() {
+        let spec = glm4_spec();
+        let err = plan(&experts_of(&spec, 2), Path::new("x"), &spec)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model.layers.1.") && err.contains("missing"),
+            "{err}"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! A routed gated expert as compute sees it, and how its bytes become one.
 
-use colibri_actors::{ExpertDecoder, ExpertExtent, ExpertKey, SharedBytes};
+use colibri_actors::{ExpertDecoder, ExpertExtent, ExpertKey, Piece, SharedBytes};
 use safetensors::Dtype;
 
 use crate::model::ModelError;
@@ -410,6 +410,19 @@ pub fn checkpoint_expert(
     let mut pieces = Vec::with_capacity(6);
     let mut slot = |which: usize, rows: usize, cols: usize| -> Result<MatrixSlot, ModelError> {
         let name = naming.tensor(key.layer as usize, key.expert as usize, which);
+        if !ck.has(&name)
+            && let Some((dtype, piece)) = stacked_piece(ck, key, which, hidden, inter)?
+        {
+            let data = (pieces.len(), piece.len as usize);
+            pieces.push(piece);
+            return Ok(MatrixSlot {
+                dtype,
+                rows,
+                cols,
+                data,
+                scales: None,
+            });
+        }
         let meta = ck.info(&name)?;
         let data = (pieces.len(), meta.len as usize);
         pieces.push(ck.piece(&name)?);
@@ -460,6 +473,72 @@ pub fn checkpoint_expert(
     };
     let layout = ExpertLayout { gate, up, down, bias };
     Ok((ExpertExtent { pieces }, layout))
+}
+
+/// One projection of one expert inside the stacked tensors transformers 5
+/// keeps in memory (`model.layers.L.mlp.experts.gate_up_proj [E, 2I, H]`,
+/// gate rows then up rows, and `down_proj [E, H, I]`), which a checkpoint
+/// written from its state dict holds as they are. Each expert's matrix is
+/// one contiguous range of rows, so streaming reads just that range. `None`
+/// when the layer has no such tensor.
+fn stacked_piece(
+    ck: &Checkpoint,
+    key: ExpertKey,
+    which: usize,
+    hidden: usize,
+    inter: usize,
+) -> Result<Option<(Dtype, Piece)>, ModelError> {
+    let (l, e) = (key.layer as usize, key.expert as usize);
+    let name = format!(
+        "model.layers.{l}.mlp.experts.{}",
+        if which == 2 { "down_proj" } else { "gate_up_proj" }
+    );
+    if !ck.has(&name) {
+        return Ok(None);
+    }
+    let meta = ck.info(&name)?;
+    let (rows, cols) = if which == 2 {
+        (hidden, inter)
+    } else {
+        (2 * inter, hidden)
+    };
+    let n_experts = meta.shape.first().copied().unwrap_or(0);
+    if meta.shape != [n_experts, rows, cols] || e >= n_experts {
+        return Err(ModelError::Weights(format!(
+            "{name}: expected stacked experts of shape [E, {rows}, {cols}] holding expert {e}, found {:?}",
+            meta.shape
+        )));
+    }
+    let elems = (n_experts * rows * cols) as u64;
+    let elem = match meta.dtype {
+        Dtype::F32 => 4,
+        Dtype::BF16 | Dtype::F16 => 2,
+        other => {
+            return Err(ModelError::Weights(format!(
+                "{name}: stacked experts must be F32, BF16 or F16, found {other:?}"
+            )));
+        }
+    };
+    if meta.len != elems * elem {
+        return Err(ModelError::Weights(format!(
+            "{name}: {} bytes for {elems} {:?} values",
+            meta.len, meta.dtype
+        )));
+    }
+    let matrix = (inter * hidden) as u64 * elem;
+    let offset = match which {
+        2 => e as u64 * matrix,
+        _ => e as u64 * 2 * matrix + which as u64 * matrix,
+    };
+    let whole = meta.piece();
+    Ok(Some((
+        meta.dtype,
+        Piece {
+            file: whole.file,
+            offset: whole.offset + offset,
+            len: matrix,
+        },
+    )))
 }
 
 #[cfg(test)]

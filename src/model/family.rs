@@ -163,6 +163,7 @@ impl ModelConfig {
 
     /// The family named by `model_type`, its config parsed and validated.
     pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let value = crate::config::spelling::canonical(path, value)?;
         let model_type = value.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
         match family_of(model_type) {
             Some(family) => Ok(Self {

@@ -80,8 +80,6 @@ pub struct GlmConfig {
     #[serde(default)]
     pub rope_theta: Option<f64>,
     #[serde(default)]
-    pub rope_parameters: Option<serde_json::Value>,
-    #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
     /// DeepSeek-V3 only: interleaved (true, default) or rotate-half RoPE.
     #[serde(default)]
@@ -94,7 +92,7 @@ pub struct GlmConfig {
     pub hidden_act: Option<String>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    #[serde(default, alias = "num_mtp_layers")]
+    #[serde(default)]
     pub num_nextn_predict_layers: usize,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
@@ -123,6 +121,7 @@ impl GlmConfig {
     }
 
     pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let value = crate::config::spelling::canonical(path, value)?;
         let found = value
             .get("model_type")
             .and_then(|v| v.as_str())
@@ -134,10 +133,8 @@ impl GlmConfig {
                 found,
             });
         }
-        let cfg: Self = serde_json::from_value(value).map_err(|source| ConfigError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let cfg: Self = serde_json::from_value(value)
+            .map_err(|source| crate::config::spelling::parse_error(path, source))?;
         cfg.validate(path)?;
         Ok(cfg)
     }
@@ -249,8 +246,8 @@ impl GlmConfig {
             && kind != "default"
         {
             return bad(
-                "rope_parameters",
-                format!("rope type {kind:?} is not supported (default only)"),
+                "rope_scaling",
+                crate::config::unsupported_rope(&kind, "default only"),
             );
         }
         check_floats(path, self.rms_norm_eps, self.rope_theta())?;
@@ -439,14 +436,14 @@ impl GlmConfig {
         }
     }
 
-    /// `rope_theta` at the top level (transformers 4) or inside
-    /// `rope_parameters` (transformers 5).
+    /// `rope_theta` (transformers 5's `rope_parameters.rope_theta` is
+    /// lifted to it by [`crate::config::spelling`]).
     pub fn rope_theta(&self) -> f64 {
-        crate::config::rope_theta(self.rope_theta, self.rope_parameters.as_ref())
+        crate::config::rope_theta(self.rope_theta, 10000.0)
     }
 
     fn rope_kind(&self) -> Option<String> {
-        crate::config::rope_kind(self.rope_parameters.as_ref(), self.rope_scaling.as_ref())
+        crate::config::rope_kind(self.rope_scaling.as_ref())
     }
 
     /// Token ids that end generation, from `eos_token_id` (a number or a list).

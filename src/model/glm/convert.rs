@@ -56,6 +56,7 @@ pub(crate) fn spec(
         fused: FusedLayout::Stacked,
         expert_bias: false,
         expert_layers,
+        optional_layers_from: main,
         n_experts: cfg.n_routed_experts,
         hidden: cfg.hidden_size,
         inter: cfg.moe_intermediate_size,

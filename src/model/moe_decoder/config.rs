@@ -132,8 +132,6 @@ struct Qwen3MoeJson {
     #[serde(default)]
     rope_theta: Option<f64>,
     #[serde(default)]
-    rope_parameters: Option<serde_json::Value>,
-    #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
     #[serde(default = "default_eps")]
     rms_norm_eps: f64,
@@ -174,12 +172,10 @@ struct MixtralJson {
     #[serde(default)]
     rope_theta: Option<f64>,
     #[serde(default)]
-    rope_parameters: Option<serde_json::Value>,
-    #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
     #[serde(default = "default_eps")]
     rms_norm_eps: f64,
-    num_local_experts: usize,
+    num_experts: usize,
     num_experts_per_tok: usize,
     #[serde(default)]
     sliding_window: Option<usize>,
@@ -229,15 +225,13 @@ impl MoeDecoderConfig {
     }
 
     pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let value = crate::config::spelling::canonical(path, value)?;
         let found = value
             .get("model_type")
             .and_then(|v| v.as_str())
             .unwrap_or("")
             .to_string();
-        let json = |source| ConfigError::Json {
-            path: path.to_path_buf(),
-            source,
-        };
+        let json = |source| crate::config::spelling::parse_error(path, source);
         let bad = |field: &'static str, reason: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             field,
@@ -260,7 +254,7 @@ impl MoeDecoderConfig {
                     ));
                 }
                 check_act(path, j.hidden_act.as_deref())?;
-                check_rope(path, j.rope_parameters.as_ref(), j.rope_scaling.as_ref())?;
+                check_rope(path, j.rope_scaling.as_ref())?;
                 let heads = j.num_attention_heads;
                 let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
                 Self {
@@ -273,7 +267,7 @@ impl MoeDecoderConfig {
                     num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
                     head_dim,
                     max_position_embeddings: j.max_position_embeddings,
-                    rope_theta: crate::config::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
+                    rope_theta: crate::config::rope_theta(j.rope_theta, 10000.0),
                     rms_norm_eps: j.rms_norm_eps,
                     num_experts: j.num_experts,
                     num_experts_per_tok: j.num_experts_per_tok,
@@ -302,7 +296,7 @@ impl MoeDecoderConfig {
             "mixtral" => {
                 let j: MixtralJson = serde_json::from_value(value).map_err(json)?;
                 check_act(path, j.hidden_act.as_deref())?;
-                check_rope(path, j.rope_parameters.as_ref(), j.rope_scaling.as_ref())?;
+                check_rope(path, j.rope_scaling.as_ref())?;
                 let heads = j.num_attention_heads;
                 let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
                 Self {
@@ -316,12 +310,9 @@ impl MoeDecoderConfig {
                     head_dim,
                     max_position_embeddings: j.max_position_embeddings,
                     // transformers' MixtralConfig default.
-                    rope_theta: j
-                        .rope_theta
-                        .or_else(|| j.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
-                        .unwrap_or(1e6),
+                    rope_theta: crate::config::rope_theta(j.rope_theta, 1e6),
                     rms_norm_eps: j.rms_norm_eps,
-                    num_experts: j.num_local_experts,
+                    num_experts: j.num_experts,
                     num_experts_per_tok: j.num_experts_per_tok,
                     moe_intermediate_size: j.intermediate_size,
                     intermediate_size: j.intermediate_size,
@@ -651,16 +642,12 @@ pub(super) fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigErro
 }
 
 /// Only plain RoPE is implemented: a scaling type is refused by name.
-pub(super) fn check_rope(
-    path: &Path,
-    params: Option<&serde_json::Value>,
-    scaling: Option<&serde_json::Value>,
-) -> Result<(), ConfigError> {
-    match crate::config::rope_kind(params, scaling) {
+pub(super) fn check_rope(path: &Path, scaling: Option<&serde_json::Value>) -> Result<(), ConfigError> {
+    match crate::config::rope_kind(scaling) {
         Some(kind) if kind != "default" => Err(ConfigError::Invalid {
             path: path.to_path_buf(),
             field: "rope_scaling",
-            reason: format!("rope type {kind:?} is not supported (only plain RoPE)"),
+            reason: crate::config::unsupported_rope(&kind, "only plain RoPE"),
         }),
         _ => Ok(()),
     }

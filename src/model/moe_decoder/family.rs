@@ -53,7 +53,15 @@ impl Family for Qwen3Mixtral {
             "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8, "rope_theta": 1e6,
             "rms_norm_eps": 1e-5, "tie_word_embeddings": true
         });
-        vec![qwen, mixtral]
+        // Qwen3-MoE as transformers 5 writes it.
+        let qwen_v5 = serde_json::json!({
+            "model_type": "qwen3_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+            "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 12, "num_local_experts": 8, "num_experts_per_tok": 2,
+            "norm_topk_prob": true, "mlp_only_layers": [1], "dtype": "bfloat16",
+            "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}, "eos_token_id": 2
+        });
+        vec![qwen, mixtral, qwen_v5]
     }
 }
 
@@ -181,6 +189,7 @@ fn convert_spec(cfg: &MoeDecoderConfig, experts: QFormat, dense: QFormat) -> Mod
     ModelSpec {
         expert_format: vec![experts; expert_layers.len()],
         expert_layers,
+        optional_layers_from: cfg.num_hidden_layers,
         n_experts: cfg.num_experts,
         hidden: cfg.hidden_size,
         inter: cfg.moe_intermediate_size,

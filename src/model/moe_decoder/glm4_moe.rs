@@ -34,12 +34,10 @@ struct Glm4MoeJson {
     #[serde(default)]
     rope_theta: Option<f64>,
     #[serde(default)]
-    rope_parameters: Option<serde_json::Value>,
-    #[serde(default)]
     rope_scaling: Option<serde_json::Value>,
     #[serde(default = "default_eps")]
     rms_norm_eps: f64,
-    n_routed_experts: usize,
+    num_experts: usize,
     num_experts_per_tok: usize,
     #[serde(default = "one")]
     n_shared_experts: usize,
@@ -77,7 +75,7 @@ const COUNT_FIELDS: [&str; 16] = [
     "num_key_value_heads",
     "head_dim",
     "max_position_embeddings",
-    "n_routed_experts",
+    "num_experts",
     "num_experts_per_tok",
     "n_shared_experts",
     "n_group",
@@ -107,18 +105,17 @@ fn default_eps() -> f64 {
 
 /// Parses and validates a `glm4_moe` config.
 pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConfig, ConfigError> {
+    let value = crate::config::spelling::canonical(path, value)?;
     let bad = |field: &'static str, reason: String| ConfigError::Invalid {
         path: path.to_path_buf(),
         field,
         reason,
     };
     check_counts(path, &value, &COUNT_FIELDS)?;
-    let j: Glm4MoeJson = serde_json::from_value(value).map_err(|source| ConfigError::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let j: Glm4MoeJson =
+        serde_json::from_value(value).map_err(|source| crate::config::spelling::parse_error(path, source))?;
     check_act(path, j.hidden_act.as_deref())?;
-    check_rope(path, j.rope_parameters.as_ref(), j.rope_scaling.as_ref())?;
+    check_rope(path, j.rope_scaling.as_ref())?;
     let heads = j.num_attention_heads;
     let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
     let f = j.partial_rotary_factor;
@@ -138,9 +135,9 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
         num_key_value_heads: j.num_key_value_heads.unwrap_or(heads),
         head_dim,
         max_position_embeddings: j.max_position_embeddings,
-        rope_theta: crate::config::rope_theta(j.rope_theta, j.rope_parameters.as_ref()),
+        rope_theta: crate::config::rope_theta(j.rope_theta, 10000.0),
         rms_norm_eps: j.rms_norm_eps,
-        num_experts: j.n_routed_experts,
+        num_experts: j.num_experts,
         num_experts_per_tok: j.num_experts_per_tok,
         moe_intermediate_size: j.moe_intermediate_size,
         intermediate_size: j.intermediate_size,
@@ -189,14 +186,25 @@ impl Family for Glm4Moe {
     }
 
     fn fuzz_seeds(&self) -> Vec<serde_json::Value> {
-        vec![serde_json::json!({
-            "model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-            "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 12, "partial_rotary_factor": 0.5,
-            "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 2,
-            "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
-            "attention_bias": true, "use_qk_norm": true, "num_nextn_predict_layers": 1, "eos_token_id": [1, 2]
-        })]
+        vec![
+            serde_json::json!({
+                "model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+                "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 12, "partial_rotary_factor": 0.5,
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 2,
+                "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+                "attention_bias": true, "use_qk_norm": true, "num_nextn_predict_layers": 1, "eos_token_id": [1, 2]
+            }),
+            // As transformers 5 writes it.
+            serde_json::json!({
+                "model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+                "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                "n_shared_experts": 1, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+                "routed_scaling_factor": 2.5, "dtype": "bfloat16", "num_nextn_predict_layers": 1,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+            }),
+        ]
     }
 }
 
@@ -232,6 +240,21 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn transformers_5_keeps_the_rotary_share_inside_rope_parameters() {
+        let mut v = glm4();
+        let o = v.as_object_mut().unwrap();
+        o.remove("partial_rotary_factor");
+        o.remove("rope_theta");
+        o.insert("head_dim".into(), serde_json::json!(16));
+        o.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.25}),
+        );
+        let c = from_json(Path::new("c.json"), v).unwrap();
+        assert_eq!((c.rotary_dim, c.rope_theta), (4, 5e5));
     }
 
     #[test]

@@ -28,14 +28,12 @@ struct GptOssJson {
     max_position_embeddings: usize,
     #[serde(default)]
     rope_theta: Option<f64>,
-    #[serde(default)]
-    rope_parameters: Option<serde_json::Value>,
     /// Absent: transformers' default YaRN; `null`: plain RoPE.
     #[serde(default = "default_yarn")]
     rope_scaling: Option<serde_json::Value>,
     #[serde(default = "default_eps")]
     rms_norm_eps: f64,
-    num_local_experts: usize,
+    num_experts: usize,
     num_experts_per_tok: usize,
     #[serde(default = "default_window")]
     sliding_window: Option<usize>,
@@ -60,7 +58,7 @@ const COUNT_FIELDS: [&str; 11] = [
     "num_key_value_heads",
     "head_dim",
     "max_position_embeddings",
-    "num_local_experts",
+    "num_experts",
     "num_experts_per_tok",
     "sliding_window",
 ];
@@ -89,25 +87,24 @@ fn default_yarn() -> Option<serde_json::Value> {
 
 /// Parses and validates a `gpt_oss` config.
 pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConfig, ConfigError> {
+    let value = crate::config::spelling::canonical(path, value)?;
     let bad = |field: &'static str, reason: String| ConfigError::Invalid {
         path: path.to_path_buf(),
         field,
         reason,
     };
     check_counts(path, &value, &COUNT_FIELDS)?;
-    let j: GptOssJson = serde_json::from_value(value).map_err(|source| ConfigError::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let j: GptOssJson =
+        serde_json::from_value(value).map_err(|source| crate::config::spelling::parse_error(path, source))?;
     check_act(path, j.hidden_act.as_deref())?;
-    let scaling = j.rope_parameters.as_ref().or(j.rope_scaling.as_ref());
-    let yarn = match crate::config::rope_kind(scaling, None).as_deref() {
+    let scaling = j.rope_scaling.as_ref();
+    let yarn = match crate::config::rope_kind(scaling).as_deref() {
         None | Some("default") => None,
         Some("yarn") => Some(yarn(path, scaling, j.max_position_embeddings)?),
         Some(other) => {
             return Err(bad(
                 "rope_scaling",
-                format!("rope type {other:?} is not supported for gpt_oss (default or yarn)"),
+                crate::config::unsupported_rope(other, "gpt_oss: default or yarn"),
             ));
         }
     };
@@ -129,10 +126,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
             .collect(),
     };
     let heads = j.num_attention_heads;
-    let theta = j
-        .rope_theta
-        .or_else(|| j.rope_parameters.as_ref()?.get("rope_theta")?.as_f64())
-        .unwrap_or(150000.0);
+    let theta = crate::config::rope_theta(j.rope_theta, 150000.0);
     let cfg = MoeDecoderConfig {
         model_type: "gpt_oss".into(),
         kind: DecoderKind::GptOss,
@@ -145,7 +139,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
         max_position_embeddings: j.max_position_embeddings,
         rope_theta: theta,
         rms_norm_eps: j.rms_norm_eps,
-        num_experts: j.num_local_experts,
+        num_experts: j.num_experts,
         num_experts_per_tok: j.num_experts_per_tok,
         moe_intermediate_size: j.intermediate_size,
         intermediate_size: j.intermediate_size,

@@ -25,8 +25,6 @@ pub struct OlmoeConfig {
     #[serde(default)]
     pub rope_theta: Option<f64>,
     #[serde(default)]
-    pub rope_parameters: Option<serde_json::Value>,
-    #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
@@ -61,6 +59,7 @@ impl OlmoeConfig {
     }
 
     pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Self, ConfigError> {
+        let value = crate::config::spelling::canonical(path, value)?;
         let found = value
             .get("model_type")
             .and_then(|v| v.as_str())
@@ -72,10 +71,8 @@ impl OlmoeConfig {
                 found,
             });
         }
-        let cfg: Self = serde_json::from_value(value).map_err(|source| ConfigError::Json {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let cfg: Self = serde_json::from_value(value)
+            .map_err(|source| crate::config::spelling::parse_error(path, source))?;
         cfg.validate(path)?;
         Ok(cfg)
     }
@@ -136,7 +133,10 @@ impl OlmoeConfig {
         if let Some(kind) = self.rope_kind()
             && kind != "default"
         {
-            return bad("rope_scaling", format!("rope type {kind:?} is not supported"));
+            return bad(
+                "rope_scaling",
+                crate::config::unsupported_rope(&kind, "default only"),
+            );
         }
         check_floats(path, self.rms_norm_eps, self.rope_theta())?;
         if let Some(c) = self.clip_qkv
@@ -172,14 +172,14 @@ impl OlmoeConfig {
             .unwrap_or(self.hidden_size / self.num_attention_heads)
     }
 
-    /// `rope_theta` at the top level (transformers 4) or inside
-    /// `rope_parameters` (transformers 5).
+    /// `rope_theta` (transformers 5's `rope_parameters.rope_theta` is
+    /// lifted to it by [`crate::config::spelling`]).
     pub fn rope_theta(&self) -> f64 {
-        crate::config::rope_theta(self.rope_theta, self.rope_parameters.as_ref())
+        crate::config::rope_theta(self.rope_theta, 10000.0)
     }
 
     fn rope_kind(&self) -> Option<String> {
-        crate::config::rope_kind(self.rope_parameters.as_ref(), self.rope_scaling.as_ref())
+        crate::config::rope_kind(self.rope_scaling.as_ref())
     }
 
     /// Token ids that end generation, from `eos_token_id` (a number or a list).

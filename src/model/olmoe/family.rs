@@ -141,6 +141,7 @@ impl FamilyConfig for OlmoeConfig {
 fn convert_spec(cfg: &OlmoeConfig, experts: QFormat, dense: QFormat) -> ModelSpec {
     ModelSpec {
         expert_layers: vec![true; cfg.num_hidden_layers],
+        optional_layers_from: usize::MAX,
         n_experts: cfg.num_experts,
         hidden: cfg.hidden_size,
         inter: cfg.intermediate_size,
