@@ -20,6 +20,7 @@ use colibri_actors::kv::{
 };
 
 use super::Session;
+use crate::model::kv_cache::KvTypes;
 use crate::model::lm::fingerprint;
 
 /// Version of the record payload this engine writes (what
@@ -27,12 +28,19 @@ use crate::model::lm::fingerprint;
 /// payload layout change invalidates older files.
 pub const RECORD_FORMAT_VERSION: u64 = 1;
 
-/// The layout of a state file for a model fingerprint and a record size.
-pub fn kv_layout(model_fingerprint: u64, payload_bytes: usize) -> KvLayout {
+/// The layout of a state file for a model fingerprint, a record size and
+/// the payload's kind (`SequenceState::payload_kind`: the KV cache types).
+pub fn kv_layout(model_fingerprint: u64, payload_bytes: usize, payload_kind: u32) -> KvLayout {
     KvLayout {
         fingerprint: fingerprint(&[model_fingerprint, RECORD_FORMAT_VERSION]),
         payload_bytes,
+        payload_kind,
     }
+}
+
+/// A payload kind as `--kv-type` spells it, for messages.
+fn kind_name(kind: u32) -> String {
+    KvTypes::from_header_code(kind).map_or_else(|| format!("an unknown kind ({kind:#x})"), |t| t.to_string())
 }
 
 /// The open state files of every slot and what of each is already queued to disk.
@@ -63,7 +71,11 @@ impl SlotStore {
         diag: &mut dyn Write,
     ) -> Option<Self> {
         let first = slots.first()?;
-        let layout = kv_layout(model_fingerprint, first.kv.record_bytes());
+        let layout = kv_layout(
+            model_fingerprint,
+            first.kv.record_bytes(),
+            first.kv.payload_kind(),
+        );
         let mut files = Vec::with_capacity(slots.len());
         let mut persisted = Vec::with_capacity(slots.len());
         for (i, session) in slots.iter_mut().enumerate() {
@@ -97,6 +109,15 @@ impl SlotStore {
                 KvLoad::Mismatch { reason } => note(
                     diag,
                     &format!("coli: ignoring {}: {reason}; starting afresh", path.display()),
+                ),
+                KvLoad::OtherKind { found } => note(
+                    diag,
+                    &format!(
+                        "coli: ignoring {}: its KV cache is stored as {}, this run stores {} (--kv-type); starting afresh (run with the file's --kv-type to resume it)",
+                        path.display(),
+                        kind_name(found),
+                        kind_name(layout.payload_kind)
+                    ),
                 ),
                 KvLoad::Loaded { records, declared } => {
                     if records < declared {
@@ -378,7 +399,7 @@ mod tests {
     fn restored_while_open(dir: &Path) -> u64 {
         let copy = tempfile::tempdir().unwrap();
         std::fs::copy(slot_path(dir, 0), slot_path(copy.path(), 0)).unwrap();
-        let layout = kv_layout(0x5107, PAYLOAD);
+        let layout = kv_layout(0x5107, PAYLOAD, 0);
         let (f, _) = KvFile::open(&slot_path(copy.path(), 0), layout, &mut |_, _| {}).unwrap();
         f.len()
     }

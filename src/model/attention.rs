@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvRows};
 use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace};
 use crate::quant::QMatrix;
 
@@ -174,14 +174,11 @@ pub fn attend(
             }
             row_seq.push((s, start + t));
         }
-        kv.k[layer].extend_from_slice(&k[row0 * kv_dim..(row0 + m) * kv_dim]);
-        kv.v[layer].extend_from_slice(&v[row0 * kv_dim..(row0 + m) * kv_dim]);
+        kv.k[layer].push_rows(&k[row0 * kv_dim..(row0 + m) * kv_dim], kv_dim);
+        kv.v[layer].push_rows(&v[row0 * kv_dim..(row0 + m) * kv_dim], kv_dim);
         row0 += m;
     }
-    let caches: Vec<(&[f32], &[f32])> = seqs
-        .iter()
-        .map(|(_, kv)| (kv.k[layer].as_slice(), kv.v[layer].as_slice()))
-        .collect();
+    let caches: Vec<(&KvRows, &KvRows)> = seqs.iter().map(|(_, kv)| (&kv.k[layer], &kv.v[layer])).collect();
 
     let group = heads / kv_heads;
     let scale = (hd as f32).powf(-0.5);
@@ -193,6 +190,10 @@ pub fn attend(
     // chunk or a multi-token turn reads the past ROW_BLOCK times less).
     // Every row's scores, softmax and weighted sum are computed in the same
     // order as one row alone, so the results do not depend on the blocking.
+    // A compact (f16, q8) cache converts each key and value head slice to
+    // f32 inside the work item, once per block, before the same arithmetic:
+    // the results depend on neither the blocking nor the thread count, and
+    // an f32 cache is read in place.
     let mut blocks = Vec::new();
     let mut row0 = 0;
     for (s, (m, _)) in seqs.iter().enumerate() {
@@ -215,9 +216,10 @@ pub fn attend(
             };
             let lo = span(rows.start).0;
             let hi = span(rows.end - 1).1;
+            let mut scratch = Vec::new();
             let mut scores: Vec<Vec<f32>> = rows.clone().map(|_| Vec::new()).collect();
             for p in lo..=hi {
-                let kr = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+                let kr = keys.head(p, kv_dim, kvh * hd, hd, &mut scratch);
                 for (t, sc) in rows.clone().zip(scores.iter_mut()) {
                     let (first, pos) = span(t);
                     if (first..=pos).contains(&p) {
@@ -234,7 +236,7 @@ pub fn attend(
             }
             let mut out = vec![0f32; rows.len() * hd];
             for p in lo..=hi {
-                let vr = &vals[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+                let vr = vals.head(p, kv_dim, kvh * hd, hd, &mut scratch);
                 for ((t, sc), o) in rows.clone().zip(&scores).zip(out.chunks_exact_mut(hd)) {
                     let (first, pos) = span(t);
                     if (first..=pos).contains(&p) {
