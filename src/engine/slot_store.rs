@@ -402,7 +402,9 @@ mod tests {
         let mut kv = KvCache::with_types(layers, d, types);
         for p in 0..n {
             for l in 0..layers {
-                let row: Vec<f32> = (0..d).map(|i| ((p * 31 + l * 7 + i) % 17) as f32 * 0.3 - 2.0).collect();
+                let row: Vec<f32> = (0..d)
+                    .map(|i| ((p * 31 + l * 7 + i) % 17) as f32 * 0.3 - 2.0)
+                    .collect();
                 kv.k[l].push_rows(&row, d);
                 kv.v[l].push_rows(&row.iter().map(|x| -x).collect::<Vec<_>>(), d);
             }

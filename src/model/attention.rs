@@ -341,7 +341,9 @@ mod tests {
     fn run(types: KvTypes) -> Vec<f32> {
         let (spec, w, rope) = block();
         let mut kv = KvCache::with_types(1, spec.kv_heads * spec.head_dim, types);
-        let xs: Vec<f32> = (0..72 * spec.hidden).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0)).collect();
+        let xs: Vec<f32> = (0..72 * spec.hidden)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0))
+            .collect();
         let mut out = Vec::new();
         for (from, to) in [(0, 70), (70, 71), (71, 72)] {
             let xn = &xs[from * spec.hidden..to * spec.hidden];
@@ -361,10 +363,19 @@ mod tests {
         for (t, tol) in [
             (KvTypes::both(KvType::F16), 2e-3),
             (KvTypes::both(KvType::Q8), 3e-2),
-            (KvTypes { k: KvType::F32, v: KvType::Q8 }, 3e-2),
+            (
+                KvTypes {
+                    k: KvType::F32,
+                    v: KvType::Q8,
+                },
+                3e-2,
+            ),
         ] {
             let got = run(t);
-            let diff = exact.iter().zip(&got).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let diff = exact
+                .iter()
+                .zip(&got)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(diff <= tol * scale, "{t}: {diff} vs max {scale}");
             assert!(diff > 0.0, "{t} changed nothing");
         }
