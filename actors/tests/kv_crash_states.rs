@@ -93,7 +93,7 @@ fn load_as(layout: KvLayout, img: Vec<u8>) -> Result<Vec<u32>, String> {
     match load {
         KvLoad::Loaded { .. } => Ok(toks),
         // A foreign, damaged or new file is ignored: the empty conversation.
-        KvLoad::Missing | KvLoad::Mismatch { .. } => Ok(Vec::new()),
+        KvLoad::Missing | KvLoad::Mismatch { .. } | KvLoad::OtherKind { .. } => Ok(Vec::new()),
     }
 }
 

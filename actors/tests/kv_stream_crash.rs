@@ -60,7 +60,7 @@ fn load(img: Vec<u8>) -> Result<Vec<u32>, String> {
     }
     Ok(match load {
         KvLoad::Loaded { .. } => toks,
-        KvLoad::Missing | KvLoad::Mismatch { .. } => Vec::new(),
+        KvLoad::Missing | KvLoad::Mismatch { .. } | KvLoad::OtherKind { .. } => Vec::new(),
     })
 }
 

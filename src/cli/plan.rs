@@ -220,7 +220,9 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
     if args.ctx.is_some() || args.kv_slots != 1 {
         flags.push(format!("--ctx {ctx} --kv-slots {}", args.kv_slots));
     }
-    if kv_types != crate::engine::DEFAULT_KV_TYPES {
+    if kv_types.k == kv_types.v && kv_types != crate::engine::DEFAULT_KV_TYPES {
+        flags.push(format!("--kv-type {}", kv_types.k));
+    } else if kv_types != crate::engine::DEFAULT_KV_TYPES {
         flags.push(format!("--kv-type-k {} --kv-type-v {}", kv_types.k, kv_types.v));
     }
     if cache_bytes == 0 {
