@@ -342,7 +342,7 @@ mod tests {
         let (spec, w, rope) = block();
         let mut kv = KvCache::with_types(1, spec.kv_heads * spec.head_dim, types);
         let xs: Vec<f32> = (0..72 * spec.hidden)
-            .map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0))
+            .map(|i| (i * 37 % 101) as f32 / 50.0 - 1.0)
             .collect();
         let mut out = Vec::new();
         for (from, to) in [(0, 70), (70, 71), (71, 72)] {
