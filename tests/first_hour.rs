@@ -581,6 +581,7 @@ fn saved_tokens(dir: &Path) -> usize {
     let layout = kv_layout(
         engine.state_fingerprint(),
         engine.model.new_state().record_bytes(),
+        engine.model.new_state().payload_kind(),
     );
     // Read a copy: opening may rewrite headers.
     let copy = tempfile::tempdir().expect("tmp");

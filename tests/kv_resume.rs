@@ -65,6 +65,7 @@ fn assert_consistent_prefix(dir: &Path, model: &Path, prompt_ids: &[Vec<u32>]) -
     let layout = kv_layout(
         engine.state_fingerprint(),
         engine.model.new_state().record_bytes(),
+        engine.model.new_state().payload_kind(),
     );
     let copy = state_dir();
     let path = slot_path(copy.path(), 0);

@@ -131,7 +131,7 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     let (map, _) = shape.expert_map(&ck, LoadOptions::default()).unwrap();
     assert_eq!(map.experts_per_layer, spec.experts);
     assert_eq!(
-        shape.kv_bytes_per_position(),
+        shape.kv_bytes_per_position(colibri::model::kv_cache::KvTypes::default()),
         (spec.layers * 2 * attn.kv_heads * attn.head_dim * 4) as u64
     );
     drop(ck);

@@ -20,6 +20,7 @@ use crossbeam_channel::{Receiver, Sender};
 const LAYOUT: KvLayout = KvLayout {
     fingerprint: 42,
     payload_bytes: 8,
+    payload_kind: 0,
 };
 /// 4-byte token + 8-byte payload.
 const RECORD: usize = 12;

@@ -15,6 +15,7 @@ use colibri_actors::kv::{KvActor, KvFile, KvLayout, KvLoad, KvQueueLimits, KvRec
 const LAYOUT: KvLayout = KvLayout {
     fingerprint: 0xC0117,
     payload_bytes: 4096,
+    payload_kind: 0,
 };
 const CHILD_ENV: &str = "COLI_KV_CRASH_CHILD";
 const STREAM_CHILD_ENV: &str = "COLI_KV_STREAM_CHILD";
@@ -184,6 +185,7 @@ fn kill_9_always_leaves_a_consistent_prefix() {
                 // Only a kill during the very first header write may leave this.
                 assert!(reason.contains("header truncated"), "round {rounds}: {reason}");
             }
+            KvLoad::OtherKind { found } => panic!("round {rounds}: payload kind {found} never written"),
         }
         rounds += 1;
     }

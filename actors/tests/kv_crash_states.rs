@@ -14,12 +14,14 @@ use colibri_actors::kv::{HEADER_LEN, KvFile, KvLayout, KvLoad, KvRecords};
 const LAYOUT: KvLayout = KvLayout {
     fingerprint: 0xC0117,
     payload_bytes: 28,
+    payload_kind: 0,
 };
 
 /// Records of 1004 bytes: a batch spans several sectors, so it can tear.
 const WIDE: KvLayout = KvLayout {
     fingerprint: 0xC0118,
     payload_bytes: 1000,
+    payload_kind: 0,
 };
 
 /// A payload that identifies its token, so a record holding another
@@ -91,7 +93,7 @@ fn load_as(layout: KvLayout, img: Vec<u8>) -> Result<Vec<u32>, String> {
     match load {
         KvLoad::Loaded { .. } => Ok(toks),
         // A foreign, damaged or new file is ignored: the empty conversation.
-        KvLoad::Missing | KvLoad::Mismatch { .. } => Ok(Vec::new()),
+        KvLoad::Missing | KvLoad::Mismatch { .. } | KvLoad::OtherKind { .. } => Ok(Vec::new()),
     }
 }
 

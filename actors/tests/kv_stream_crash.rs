@@ -24,6 +24,7 @@ use crossbeam_channel::{Receiver, Sender};
 const LAYOUT: KvLayout = KvLayout {
     fingerprint: 0x5713,
     payload_bytes: 28,
+    payload_kind: 0,
 };
 const RECORD: usize = 32;
 const N: u64 = 120;
@@ -59,7 +60,7 @@ fn load(img: Vec<u8>) -> Result<Vec<u32>, String> {
     }
     Ok(match load {
         KvLoad::Loaded { .. } => toks,
-        KvLoad::Missing | KvLoad::Mismatch { .. } => Vec::new(),
+        KvLoad::Missing | KvLoad::Mismatch { .. } | KvLoad::OtherKind { .. } => Vec::new(),
     })
 }
 

@@ -202,7 +202,14 @@ fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result
         // As `coli plan` counts it at its defaults (one slot, the context
         // `coli serve` takes by default).
         let ctx = shape.max_positions().min(super::serve::DEFAULT_CTX_CAP);
-        let f = super::fit::fit(&ck, &shape, h.bytes / 10 * 9, ctx, 1)?;
+        let f = super::fit::fit(
+            &ck,
+            &shape,
+            h.bytes / 10 * 9,
+            ctx,
+            1,
+            crate::engine::DEFAULT_KV_TYPES,
+        )?;
         let fits = f.placement == super::fit::Placement::Mapped;
         out.push(format!(
             "placement   {} (auto): the experts {} the {:.2} GiB expert cache left by 90% of the headroom",

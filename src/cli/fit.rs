@@ -58,6 +58,7 @@ pub fn fit(
     budget: u64,
     ctx: usize,
     kv_slots: usize,
+    kv: crate::model::kv_cache::KvTypes,
 ) -> anyhow::Result<Fit> {
     let (map, _) = shape.expert_map(ck, LoadOptions::default())?;
     let total: u64 = ck.names().filter_map(|n| ck.info(n).ok()).map(|m| m.len).sum();
@@ -70,7 +71,7 @@ pub fn fit(
         .map(|m| m.len)
         .sum::<u64>();
     let ctx = ctx.min(shape.max_positions()).max(1);
-    let kv_bytes = shape.kv_bytes_per_position() * ctx as u64 * kv_slots.max(1) as u64;
+    let kv_bytes = shape.kv_bytes_per_position(kv) * ctx as u64 * kv_slots.max(1) as u64;
     let mut cache_bytes = expert_cache_bytes(budget, dense_bytes, kv_bytes);
     let mapped = expert_bytes <= cache_bytes;
     if !mapped {
@@ -102,11 +103,18 @@ pub fn fit(
     })
 }
 
-/// [`fit`] for the model in `dir`.
+/// [`fit`] for the model in `dir`, with the default KV cache types.
 pub fn fit_dir(dir: &Path, budget: u64, ctx: usize, kv_slots: usize) -> anyhow::Result<Fit> {
     let ck = Checkpoint::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     let shape = ModelShape::load(dir).with_context(|| format!("reading {}", dir.display()))?;
-    fit(&ck, &shape, budget, ctx, kv_slots)
+    fit(
+        &ck,
+        &shape,
+        budget,
+        ctx,
+        kv_slots,
+        crate::engine::DEFAULT_KV_TYPES,
+    )
 }
 
 impl Fit {

@@ -203,6 +203,37 @@ pub struct EngineArgs {
     /// Write a Chrome trace (open in Perfetto) to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub kv: KvTypeArgs,
+}
+
+/// How the KV cache stores keys and values (docs/state-files.md, "KV cache
+/// types"): every command that runs a model or plans its memory takes them.
+#[derive(Debug, Args, Clone, Default)]
+pub struct KvTypeArgs {
+    /// KV cache storage for keys and values: `f32` (the default, the
+    /// token-exact path the oracles check), `f16` (half the memory) or `q8`
+    /// (blocks of 32 int8 values with an f16 scale, about a quarter). A
+    /// compact type changes the tokens slightly, like --expert-bits.
+    #[arg(long, value_name = "f32|f16|q8")]
+    pub kv_type: Option<crate::model::kv_cache::KvType>,
+    /// Storage of the keys alone (overrides --kv-type for them).
+    #[arg(long, value_name = "f32|f16|q8")]
+    pub kv_type_k: Option<crate::model::kv_cache::KvType>,
+    /// Storage of the values alone (overrides --kv-type for them).
+    #[arg(long, value_name = "f32|f16|q8")]
+    pub kv_type_v: Option<crate::model::kv_cache::KvType>,
+}
+
+impl KvTypeArgs {
+    /// The types the flags name, the rest from [`crate::engine::DEFAULT_KV_TYPES`].
+    pub fn types(&self) -> crate::model::kv_cache::KvTypes {
+        let d = crate::engine::DEFAULT_KV_TYPES;
+        crate::model::kv_cache::KvTypes {
+            k: self.kv_type_k.or(self.kv_type).unwrap_or(d.k),
+            v: self.kv_type_v.or(self.kv_type).unwrap_or(d.v),
+        }
+    }
 }
 
 fn parse_share(s: &str) -> Result<f64, String> {
@@ -255,6 +286,7 @@ impl EngineArgs {
             placement: self.placement,
             pin_share: self.pin_share,
             prompt_cache: crate::engine::PromptCacheSize::Off,
+            kv_types: self.kv.types(),
         }
     }
 }

@@ -56,6 +56,8 @@ pub struct PlanArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub kv: super::KvTypeArgs,
 }
 
 /// The plan (what `--json` prints).
@@ -170,7 +172,8 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
             None => anyhow::bail!("no readable memory limit here: pass --ram-gb"),
         },
     };
-    let f = fit(&ck, &shape, budget_bytes, ctx, args.kv_slots)?;
+    let kv_types = args.kv.types();
+    let f = fit(&ck, &shape, budget_bytes, ctx, args.kv_slots, kv_types)?;
     let (dense_bytes, expert_bytes, experts, kv_bytes, cache_bytes) = (
         f.dense_bytes,
         f.expert_bytes,
@@ -216,6 +219,11 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
     }
     if args.ctx.is_some() || args.kv_slots != 1 {
         flags.push(format!("--ctx {ctx} --kv-slots {}", args.kv_slots));
+    }
+    if kv_types.k == kv_types.v && kv_types != crate::engine::DEFAULT_KV_TYPES {
+        flags.push(format!("--kv-type {}", kv_types.k));
+    } else if kv_types != crate::engine::DEFAULT_KV_TYPES {
+        flags.push(format!("--kv-type-k {} --kv-type-v {}", kv_types.k, kv_types.v));
     }
     if cache_bytes == 0 {
         flags.push(

@@ -10,7 +10,7 @@ pub mod state;
 pub mod usage;
 
 pub use generate::{GenStats, Session, StopReason};
-pub use options::{EngineOptions, Placement, PromptCacheSize};
+pub use options::{DEFAULT_KV_TYPES, EngineOptions, Placement, PromptCacheSize};
 pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 
 use std::path::{Path, PathBuf};
@@ -310,7 +310,11 @@ fn load_family(
         int8_acts: opts.int8_acts,
     };
     let factory = SourceFactory { opts };
-    let kv = kv_bytes(config.kv_bytes_per_position(), config.max_positions(), opts);
+    let kv = kv_bytes(
+        config.kv_bytes_per_position(opts.kv_types),
+        config.max_positions(),
+        opts,
+    );
     let mut ck = Checkpoint::open(dir).map_err(ModelError::from)?;
     if let Some(p) = &progress {
         ck = ck.with_progress(p.clone());
@@ -328,7 +332,13 @@ fn load_family(
     let (source, plan, tap) =
         factory.build(family.map, family.codec, family.predictor, family.top_k, needs)?;
     let stops = stop_ids(dir, family.eos_ids);
-    Ok(((family.finish)(source), stops, plan, tap))
+    let mut model = (family.finish)(source);
+    if !model.set_kv_types(opts.kv_types) {
+        tracing::info!(
+            "this family's sequence state is not a plain KV cache: --kv-type does not apply, it stays f32"
+        );
+    }
+    Ok((model, stops, plan, tap))
 }
 
 /// A model ready to generate.

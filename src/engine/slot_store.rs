@@ -20,6 +20,7 @@ use colibri_actors::kv::{
 };
 
 use super::Session;
+use crate::model::kv_cache::KvTypes;
 use crate::model::lm::fingerprint;
 
 /// Version of the record payload this engine writes (what
@@ -27,12 +28,19 @@ use crate::model::lm::fingerprint;
 /// payload layout change invalidates older files.
 pub const RECORD_FORMAT_VERSION: u64 = 1;
 
-/// The layout of a state file for a model fingerprint and a record size.
-pub fn kv_layout(model_fingerprint: u64, payload_bytes: usize) -> KvLayout {
+/// The layout of a state file for a model fingerprint, a record size and
+/// the payload's kind (`SequenceState::payload_kind`: the KV cache types).
+pub fn kv_layout(model_fingerprint: u64, payload_bytes: usize, payload_kind: u32) -> KvLayout {
     KvLayout {
         fingerprint: fingerprint(&[model_fingerprint, RECORD_FORMAT_VERSION]),
         payload_bytes,
+        payload_kind,
     }
+}
+
+/// A payload kind as `--kv-type` spells it, for messages.
+fn kind_name(kind: u32) -> String {
+    KvTypes::from_header_code(kind).map_or_else(|| format!("an unknown kind ({kind:#x})"), |t| t.to_string())
 }
 
 /// The open state files of every slot and what of each is already queued to disk.
@@ -63,7 +71,11 @@ impl SlotStore {
         diag: &mut dyn Write,
     ) -> Option<Self> {
         let first = slots.first()?;
-        let layout = kv_layout(model_fingerprint, first.kv.record_bytes());
+        let layout = kv_layout(
+            model_fingerprint,
+            first.kv.record_bytes(),
+            first.kv.payload_kind(),
+        );
         let mut files = Vec::with_capacity(slots.len());
         let mut persisted = Vec::with_capacity(slots.len());
         for (i, session) in slots.iter_mut().enumerate() {
@@ -97,6 +109,15 @@ impl SlotStore {
                 KvLoad::Mismatch { reason } => note(
                     diag,
                     &format!("coli: ignoring {}: {reason}; starting afresh", path.display()),
+                ),
+                KvLoad::OtherKind { found } => note(
+                    diag,
+                    &format!(
+                        "coli: ignoring {}: its KV cache is stored as {}, this run stores {} (--kv-type); starting afresh (run with the file's --kv-type to resume it)",
+                        path.display(),
+                        kind_name(found),
+                        kind_name(layout.payload_kind)
+                    ),
                 ),
                 KvLoad::Loaded { records, declared } => {
                     if records < declared {
@@ -374,11 +395,87 @@ mod tests {
         assert_eq!(restored(dir.path(), 1), want);
     }
 
+    /// A session over a real KV cache of `types` holding `n` positions.
+    fn kv_session(types: KvTypes, n: usize) -> Session {
+        use crate::model::kv_cache::KvCache;
+        let (layers, d) = (2, 40);
+        let mut kv = KvCache::with_types(layers, d, types);
+        for p in 0..n {
+            for l in 0..layers {
+                let row: Vec<f32> = (0..d)
+                    .map(|i| ((p * 31 + l * 7 + i) % 17) as f32 * 0.3 - 2.0)
+                    .collect();
+                kv.k[l].push_rows(&row, d);
+                kv.v[l].push_rows(&row.iter().map(|x| -x).collect::<Vec<_>>(), d);
+            }
+            kv.commit(1);
+        }
+        let mut s = Session::new(Box::new(kv));
+        s.tokens = (0..n as u32).map(|t| t + 5).collect();
+        s
+    }
+
+    fn open_with(dir: &Path, types: KvTypes) -> (Session, String) {
+        let mut slots = vec![kv_session(types, 0)];
+        let mut diag = Vec::new();
+        let store = SlotStore::open(dir, &mut slots, 0x5107, 10_000, &mut diag).unwrap();
+        store.close().unwrap();
+        let s = slots.pop().unwrap();
+        (s, String::from_utf8_lossy(&diag).into_owned())
+    }
+
+    #[test]
+    fn every_kv_type_round_trips_and_another_type_is_refused_by_name() {
+        use crate::model::kv_cache::KvType;
+        for t in KvType::ALL {
+            let types = KvTypes::both(t);
+            let dir = tempfile::tempdir().unwrap();
+            let mut slots = vec![kv_session(types, 0)];
+            let mut store = open(dir.path(), &mut slots);
+            slots[0] = kv_session(types, 6);
+            store.append_new(0, &slots[0]).unwrap();
+            store.close().unwrap();
+            let (back, diag) = open_with(dir.path(), types);
+            assert_eq!(expected(&back), expected(&slots[0]), "{t}: {diag}");
+            // Another type: refused, naming the file and both types.
+            let other = KvTypes {
+                k: t,
+                v: if t == KvType::Q8 { KvType::F16 } else { KvType::Q8 },
+            };
+            let (back, diag) = open_with(dir.path(), other);
+            assert_eq!(back.tokens.len(), 0, "{t}");
+            assert!(diag.contains(".coli_kv"), "{diag}");
+            assert!(
+                diag.contains(&format!("stored as {types}, this run stores {other}")),
+                "{diag}"
+            );
+        }
+    }
+
+    #[test]
+    fn files_from_before_the_kind_field_load_as_f32() {
+        // Such files hold 0 at header offset 12, which is the all-f32 code.
+        assert_eq!(KvTypes::default().header_code(), 0);
+        let dir = tempfile::tempdir().unwrap();
+        let f32s = KvTypes::default();
+        let mut slots = vec![kv_session(f32s, 0)];
+        let mut store = open(dir.path(), &mut slots);
+        slots[0] = kv_session(f32s, 3);
+        store.append_new(0, &slots[0]).unwrap();
+        store.close().unwrap();
+        let mut header = [0u8; 16];
+        let f = std::fs::File::open(slot_path(dir.path(), 0)).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut header, 0).unwrap();
+        assert_eq!(&header[12..16], &[0, 0, 0, 0]);
+        let (back, _) = open_with(dir.path(), f32s);
+        assert_eq!(back.tokens.len(), 3);
+    }
+
     /// Positions slot 0's file commits, read from a copy (the store is open).
     fn restored_while_open(dir: &Path) -> u64 {
         let copy = tempfile::tempdir().unwrap();
         std::fs::copy(slot_path(dir, 0), slot_path(copy.path(), 0)).unwrap();
-        let layout = kv_layout(0x5107, PAYLOAD);
+        let layout = kv_layout(0x5107, PAYLOAD, 0);
         let (f, _) = KvFile::open(&slot_path(copy.path(), 0), layout, &mut |_, _| {}).unwrap();
         f.len()
     }

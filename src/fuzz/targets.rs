@@ -240,6 +240,7 @@ fn config_check(input: &[u8]) -> Verdict {
 const KV_LAYOUT: KvLayout = KvLayout {
     fingerprint: 0xF022,
     payload_bytes: 12,
+    payload_kind: 0,
 };
 
 fn kv_records(tokens: std::ops::Range<u32>) -> Option<KvRecords> {
@@ -292,7 +293,7 @@ fn kv_check(input: &[u8]) -> Verdict {
         KvLoad::Loaded { records, declared } if records > declared || records != held.len() as u64 => {
             return Verdict::Broken(format!("{records} records of {declared}, {} visited", held.len()));
         }
-        KvLoad::Missing | KvLoad::Mismatch { .. } if !held.is_empty() => {
+        KvLoad::Missing | KvLoad::Mismatch { .. } | KvLoad::OtherKind { .. } if !held.is_empty() => {
             return Verdict::Broken("records visited from an ignored file".into());
         }
         _ => {}

@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvRows};
 use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace};
 use crate::quant::QMatrix;
 
@@ -174,14 +174,11 @@ pub fn attend(
             }
             row_seq.push((s, start + t));
         }
-        kv.k[layer].extend_from_slice(&k[row0 * kv_dim..(row0 + m) * kv_dim]);
-        kv.v[layer].extend_from_slice(&v[row0 * kv_dim..(row0 + m) * kv_dim]);
+        kv.k[layer].push_rows(&k[row0 * kv_dim..(row0 + m) * kv_dim], kv_dim);
+        kv.v[layer].push_rows(&v[row0 * kv_dim..(row0 + m) * kv_dim], kv_dim);
         row0 += m;
     }
-    let caches: Vec<(&[f32], &[f32])> = seqs
-        .iter()
-        .map(|(_, kv)| (kv.k[layer].as_slice(), kv.v[layer].as_slice()))
-        .collect();
+    let caches: Vec<(&KvRows, &KvRows)> = seqs.iter().map(|(_, kv)| (&kv.k[layer], &kv.v[layer])).collect();
 
     let group = heads / kv_heads;
     let scale = (hd as f32).powf(-0.5);
@@ -193,6 +190,10 @@ pub fn attend(
     // chunk or a multi-token turn reads the past ROW_BLOCK times less).
     // Every row's scores, softmax and weighted sum are computed in the same
     // order as one row alone, so the results do not depend on the blocking.
+    // A compact (f16, q8) cache converts each key and value head slice to
+    // f32 inside the work item, once per block, before the same arithmetic:
+    // the results depend on neither the blocking nor the thread count, and
+    // an f32 cache is read in place.
     let mut blocks = Vec::new();
     let mut row0 = 0;
     for (s, (m, _)) in seqs.iter().enumerate() {
@@ -215,9 +216,10 @@ pub fn attend(
             };
             let lo = span(rows.start).0;
             let hi = span(rows.end - 1).1;
+            let mut scratch = Vec::new();
             let mut scores: Vec<Vec<f32>> = rows.clone().map(|_| Vec::new()).collect();
             for p in lo..=hi {
-                let kr = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+                let kr = keys.head(p, kv_dim, kvh * hd, hd, &mut scratch);
                 for (t, sc) in rows.clone().zip(scores.iter_mut()) {
                     let (first, pos) = span(t);
                     if (first..=pos).contains(&p) {
@@ -234,7 +236,7 @@ pub fn attend(
             }
             let mut out = vec![0f32; rows.len() * hd];
             for p in lo..=hi {
-                let vr = &vals[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+                let vr = vals.head(p, kv_dim, kvh * hd, hd, &mut scratch);
                 for ((t, sc), o) in rows.clone().zip(&scores).zip(out.chunks_exact_mut(hd)) {
                     let (first, pos) = span(t);
                     if (first..=pos).contains(&p) {
@@ -279,6 +281,7 @@ fn softmax_with_sink(scores: &mut [f32], sink: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kv_cache::{KvType, KvTypes};
 
     #[test]
     fn a_sink_takes_mass_and_a_very_negative_one_takes_none() {
@@ -292,6 +295,101 @@ mod tests {
         let total: f32 = c.iter().sum();
         let expect = 1.0 - 2f32.exp() / (1f32.exp() + 2f32.exp() + 0.5f32.exp() + 2f32.exp());
         assert!((total - expect).abs() < 1e-6, "{total} vs {expect}");
+    }
+
+    /// A small attention block with deterministic pseudo-random weights:
+    /// 4 query heads over 2 KV heads of 40 (a partial q8 block per row).
+    fn block() -> (AttnSpec, AttnWeights, Rope) {
+        let (hidden, heads, kv_heads, hd) = (24, 4, 2, 40);
+        let mut seed = 0x2545_f491_u32;
+        let mut mat = |rows: usize, cols: usize| {
+            let w = (0..rows * cols)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 17;
+                    seed ^= seed << 5;
+                    (seed as f32 / u32::MAX as f32 - 0.5) * 0.8
+                })
+                .collect();
+            QMatrix::from_f32(rows, cols, w).unwrap()
+        };
+        let w = AttnWeights {
+            q: mat(heads * hd, hidden),
+            k: mat(kv_heads * hd, hidden),
+            v: mat(kv_heads * hd, hidden),
+            o: mat(hidden, heads * hd),
+            q_norm: Vec::new(),
+            k_norm: Vec::new(),
+            bias: AttnBias::default(),
+            sinks: Vec::new(),
+        };
+        let spec = AttnSpec {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim: hd,
+            eps: 1e-5,
+            qk_norm: QkNorm::None,
+            clip: None,
+            window: None,
+        };
+        (spec, w, Rope::new(hd, 10000.0))
+    }
+
+    /// Attention outputs of a 70-token prefill (three row blocks) then two
+    /// single-token steps, with a cache of `types`.
+    fn run(types: KvTypes) -> Vec<f32> {
+        let (spec, w, rope) = block();
+        let mut kv = KvCache::with_types(1, spec.kv_heads * spec.head_dim, types);
+        let xs: Vec<f32> = (0..72 * spec.hidden)
+            .map(|i| (i * 37 % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let mut out = Vec::new();
+        for (from, to) in [(0, 70), (70, 71), (71, 72)] {
+            let xn = &xs[from * spec.hidden..to * spec.hidden];
+            out.extend(attend(&spec, &w, &rope, 0, xn, &mut [(to - from, &mut kv)]));
+            kv.commit(to - from);
+        }
+        out
+    }
+
+    #[test]
+    fn compact_caches_stay_close_to_f32() {
+        let exact = run(KvTypes::both(KvType::F32));
+        let scale = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // Stated tolerances, relative to the largest output: f16 rounds each
+        // key and value by at most 2^-11 relative; q8 by half a step of
+        // max|block| / 127.
+        for (t, tol) in [
+            (KvTypes::both(KvType::F16), 2e-3),
+            (KvTypes::both(KvType::Q8), 3e-2),
+            (
+                KvTypes {
+                    k: KvType::F32,
+                    v: KvType::Q8,
+                },
+                3e-2,
+            ),
+        ] {
+            let got = run(t);
+            let diff = exact
+                .iter()
+                .zip(&got)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(diff <= tol * scale, "{t}: {diff} vs max {scale}");
+            assert!(diff > 0.0, "{t} changed nothing");
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+        for t in KvType::ALL {
+            let types = KvTypes::both(t);
+            let one = pool(1).install(|| run(types));
+            let two = pool(2).install(|| run(types));
+            assert_eq!(one, two, "{t}");
+        }
     }
 
     #[test]

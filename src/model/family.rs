@@ -14,6 +14,7 @@ use colibri_actors::{ExpertMap, ExpertSource, Predictor};
 
 use super::ModelError;
 use super::expert::{ExpertCodec, ExpertWeights};
+use super::kv_cache::KvTypes;
 use super::lm::LanguageModel;
 use super::olmoe::LoadOptions;
 use crate::chat_template::ChatFormat;
@@ -43,8 +44,10 @@ pub(crate) trait Family: Sync {
 /// convert`, `coli bench`, the chat front ends and the fuzzer ask of a
 /// family, so none of them matches on the family.
 pub(crate) trait FamilyConfig: Send + Sync + std::fmt::Debug {
-    /// Bytes one position of one sequence takes in the KV cache (f32).
-    fn kv_bytes_per_position(&self) -> u64;
+    /// Bytes one position of one sequence takes in the KV cache when it
+    /// stores keys and values as `kv` says (families whose state is not a
+    /// plain KV cache may ignore it).
+    fn kv_bytes_per_position(&self, kv: KvTypes) -> u64;
 
     /// Positions the model supports.
     fn max_positions(&self) -> usize;
@@ -176,11 +179,12 @@ impl ModelConfig {
         }
     }
 
-    /// Bytes one position of one sequence takes in the KV cache (f32):
-    /// K and V per layer for plain attention; the compressed latent, rope
-    /// key and indexer key per layer for MLA.
-    pub fn kv_bytes_per_position(&self) -> u64 {
-        self.config.kv_bytes_per_position()
+    /// Bytes one position of one sequence takes in the KV cache: K and V
+    /// per layer for plain attention, in the types `kv` names; the
+    /// compressed latent, rope key and indexer key per layer for MLA
+    /// (always f32).
+    pub fn kv_bytes_per_position(&self, kv: KvTypes) -> u64 {
+        self.config.kv_bytes_per_position(kv)
     }
 
     /// Positions the model supports.
@@ -246,7 +250,10 @@ mod tests {
                 let c = ModelConfig::from_json(Path::new("seed.json"), s)
                     .unwrap_or_else(|e| panic!("seed of {t} refused: {e}"));
                 assert_eq!(c.family().invariants(), Ok(()), "{t}");
-                assert!(c.max_positions() > 0 && c.kv_bytes_per_position() > 0, "{t}");
+                assert!(
+                    c.max_positions() > 0 && c.kv_bytes_per_position(KvTypes::default()) > 0,
+                    "{t}"
+                );
             }
         }
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use colibri_actors::{ExpertSource, SourceError, Tag};
 
 use crate::model::expert::ExpertWeights;
+use crate::model::kv_cache::KvTypes;
 
 /// Which positions' logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +50,13 @@ pub trait SequenceState: Send {
     fn position_bytes(&self, pos: usize) -> Vec<u8>;
     /// Appends one position from a record; false when the size is wrong.
     fn push_position_bytes(&mut self, bytes: &[u8]) -> bool;
+    /// How the records encode their values, written in a state file's
+    /// header so that a file of another encoding is refused by name rather
+    /// than misread: [`KvTypes::header_code`] for a KV cache; 0 (all f32)
+    /// for states without a choice.
+    fn payload_kind(&self) -> u32 {
+        0
+    }
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
@@ -119,6 +127,12 @@ pub trait LanguageModel: Send {
     /// (guards conversation files against another model).
     fn fingerprint(&self) -> u64;
     fn new_state(&self) -> Box<dyn SequenceState>;
+    /// How the states [`Self::new_state`] makes from now on store their
+    /// keys and values (`--kv-type`). Families whose state is not a plain
+    /// KV cache (GLM-5's compressed latent) keep f32 and return false.
+    fn set_kv_types(&mut self, _kv: KvTypes) -> bool {
+        false
+    }
     /// Runs `tokens` after the positions in `state`, appending theirs.
     fn forward(
         &mut self,

@@ -63,9 +63,9 @@ impl ModelShape {
         self.family.family().main_expert_map(ck, opts)
     }
 
-    /// Bytes one position of one sequence takes in the KV cache.
-    pub fn kv_bytes_per_position(&self) -> u64 {
-        self.family.kv_bytes_per_position()
+    /// Bytes one position of one sequence takes in a KV cache of `kv`.
+    pub fn kv_bytes_per_position(&self, kv: crate::model::kv_cache::KvTypes) -> u64 {
+        self.family.kv_bytes_per_position(kv)
     }
 
     /// Positions the model supports.

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | 0 | 8 | magic `COLIKVR\0` |
 //! | 8 | 4 | format version ([`FORMAT_VERSION`]) |
-//! | 12 | 4 | reserved, 0 |
+//! | 12 | 4 | payload kind (caller's: how the payload encodes its values; 0 in files written before the field existed) |
 //! | 16 | 8 | model-shape fingerprint (caller's) |
 //! | 24 | 8 | record size in bytes (4 + payload) |
 //! | 32 | 8 | record count (the commit point) |
@@ -79,6 +79,10 @@ pub struct KvLayout {
     pub fingerprint: u64,
     /// Bytes of KV state per position (all layers), after the 4-byte token id.
     pub payload_bytes: usize,
+    /// How the payload encodes its values (the engine's KV cache types),
+    /// at header offset 12. A file of the same model with another kind is
+    /// reported as [`KvLoad::OtherKind`], so the caller can name both.
+    pub payload_kind: u32,
 }
 
 impl KvLayout {
@@ -105,6 +109,10 @@ pub enum KvLoad {
     /// The file belongs to another model, format or is damaged; it was ignored
     /// (and will be overwritten by the first write).
     Mismatch { reason: String },
+    /// The file is of this model and format but its payload is encoded as
+    /// `found` (header offset 12) rather than the layout's kind; it was
+    /// ignored like a mismatch (and will be overwritten by the first write).
+    OtherKind { found: u32 },
     /// `records` records were read back; `declared` is the header count, larger
     /// only when the file was cut short after its count was written.
     Loaded { records: u64, declared: u64 },
@@ -326,6 +334,12 @@ impl KvFile {
                 le_u64(&h[16..]),
                 self.layout.fingerprint
             ))
+        } else if le_u32(&h[12..]) != self.layout.payload_kind {
+            // Before the record size: another kind usually has another size
+            // too, and the caller can name kinds where it cannot name sizes.
+            return Ok(KvLoad::OtherKind {
+                found: le_u32(&h[12..]),
+            });
         } else if le_u64(&h[24..]) != want_rs {
             Some(format!(
                 "record size {} (this model needs {want_rs})",
@@ -364,6 +378,7 @@ impl KvFile {
         let mut h = [0u8; HEADER_LEN as usize];
         h[..8].copy_from_slice(&MAGIC);
         h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&self.layout.payload_kind.to_le_bytes());
         h[16..24].copy_from_slice(&self.layout.fingerprint.to_le_bytes());
         h[24..32].copy_from_slice(&(self.layout.record_size() as u64).to_le_bytes());
         // count stays 0: a crash right after this leaves an empty, valid file.
@@ -486,6 +501,7 @@ mod tests {
         KvLayout {
             fingerprint: 0xfeed,
             payload_bytes: 12,
+            payload_kind: 0,
         }
     }
 
@@ -546,6 +562,7 @@ mod tests {
         let other = KvLayout {
             fingerprint: 1,
             payload_bytes: 12,
+            payload_kind: 0,
         };
         let (mut f, load, got) = reopen(&p, other);
         assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("different model")));
@@ -554,6 +571,7 @@ mod tests {
         let wider = KvLayout {
             fingerprint: 0xfeed,
             payload_bytes: 16,
+            payload_kind: 0,
         };
         let (_, load, _) = reopen(&p, wider);
         assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("record size")));
@@ -570,6 +588,41 @@ mod tests {
             }
         );
         assert_eq!(got[0].0, 9);
+    }
+
+    #[test]
+    fn another_payload_kind_is_reported_before_the_record_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".coli_kv");
+        let (mut f, _, _) = reopen(&p, layout());
+        f.append(0, &batch(0, 2)).unwrap();
+        drop(f);
+        let other = KvLayout {
+            payload_kind: 0x0101,
+            payload_bytes: 6,
+            ..layout()
+        };
+        let (f, load, got) = reopen(&p, other);
+        assert_eq!(load, KvLoad::OtherKind { found: 0 });
+        assert!(got.is_empty());
+        assert_eq!(f.len(), 0);
+        // The kind is written in the header and read back.
+        let mut r = KvRecords::new(other);
+        r.push(3, &[5; 6]).unwrap();
+        let mut f = f;
+        f.append(0, &r).unwrap();
+        drop(f);
+        let (_, load, got) = reopen(&p, other);
+        assert_eq!(
+            load,
+            KvLoad::Loaded {
+                records: 1,
+                declared: 1
+            }
+        );
+        assert_eq!(got, vec![(3, vec![5u8; 6])]);
+        let (_, load, _) = reopen(&p, layout());
+        assert_eq!(load, KvLoad::OtherKind { found: 0x0101 });
     }
 
     #[test]

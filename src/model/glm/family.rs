@@ -15,6 +15,7 @@ use crate::convert::{ConvertError, ModelSpec};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
 use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
+use crate::model::kv_cache::KvTypes;
 use crate::model::olmoe::LoadOptions;
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
@@ -54,8 +55,9 @@ impl Family for GlmFamily {
 }
 
 impl FamilyConfig for GlmConfig {
-    /// The compressed latent, rope key and indexer key per layer.
-    fn kv_bytes_per_position(&self) -> u64 {
+    /// The compressed latent, rope key and indexer key per layer, always
+    /// f32 (`--kv-type` does not apply to the MLA state yet).
+    fn kv_bytes_per_position(&self, _kv: KvTypes) -> u64 {
         (self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim + self.index_head_dim()) * 4)
             as u64
     }

@@ -19,6 +19,7 @@ use crate::convert::{ConvertError, ModelSpec};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
 use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
+use crate::model::kv_cache::KvTypes;
 use crate::model::olmoe::LoadOptions;
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
@@ -66,8 +67,8 @@ impl Family for Qwen3Mixtral {
 }
 
 impl FamilyConfig for MoeDecoderConfig {
-    fn kv_bytes_per_position(&self) -> u64 {
-        (self.num_hidden_layers * 2 * self.num_key_value_heads * self.head_dim * 4) as u64
+    fn kv_bytes_per_position(&self, kv: KvTypes) -> u64 {
+        kv.bytes_per_position(self.num_hidden_layers, self.num_key_value_heads * self.head_dim)
     }
 
     fn max_positions(&self) -> usize {

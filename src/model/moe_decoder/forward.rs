@@ -10,7 +10,7 @@ use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice};
 use super::weights::{DenseWeights, Ffn};
 use crate::model::attention::{AttnSpec, QkNorm, add_bias, attend};
 use crate::model::expert::ExpertWeights;
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvTypes};
 use crate::model::lm::{
     BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
     output_logits,
@@ -30,6 +30,9 @@ pub struct MoeDecoder {
     router: Router,
     /// Routing decisions of the last forward (per sparse layer, per token).
     pub last_routing: Vec<Vec<Routing>>,
+    /// How new caches store keys and values (f32 unless the engine says
+    /// otherwise, see [`LanguageModel::set_kv_types`]).
+    kv_types: KvTypes,
 }
 
 impl MoeDecoder {
@@ -67,13 +70,15 @@ impl MoeDecoder {
             attn,
             router,
             last_routing: Vec::new(),
+            kv_types: KvTypes::default(),
         }
     }
 
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(
+        KvCache::with_types(
             self.cfg.num_hidden_layers,
             self.cfg.num_key_value_heads * self.cfg.head_dim,
+            self.kv_types,
         )
     }
 
@@ -284,6 +289,10 @@ impl LanguageModel for MoeDecoder {
             c.sliding_window.unwrap_or(0) as u64,
             c.rotary_dim as u64,
         ])
+    }
+    fn set_kv_types(&mut self, kv: KvTypes) -> bool {
+        self.kv_types = kv;
+        true
     }
     fn new_state(&self) -> Box<dyn SequenceState> {
         Box::new(self.new_cache())

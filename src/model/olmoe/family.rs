@@ -14,6 +14,7 @@ use crate::convert::{ConvertError, ModelSpec};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertNaming};
 use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
+use crate::model::kv_cache::KvTypes;
 use crate::model::moe_decoder::RouterPredictor;
 use crate::model::routed::Router;
 use crate::quant::QFormat;
@@ -46,8 +47,8 @@ impl Family for OlmoeFamily {
 }
 
 impl FamilyConfig for OlmoeConfig {
-    fn kv_bytes_per_position(&self) -> u64 {
-        (self.num_hidden_layers * 2 * self.kv_heads() * self.head_dim() * 4) as u64
+    fn kv_bytes_per_position(&self, kv: KvTypes) -> u64 {
+        kv.bytes_per_position(self.num_hidden_layers, self.kv_heads() * self.head_dim())
     }
 
     fn max_positions(&self) -> usize {

@@ -9,7 +9,7 @@ use colibri_actors::{ExpertSource, Tag};
 use super::OlmoeConfig;
 use crate::model::attention::{AttnSpec, QkNorm};
 use crate::model::expert::ExpertWeights;
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvTypes};
 use crate::model::lm::{
     BatchItem, ForwardError, LanguageModel, Logits, SequenceState, downcast_batch, fingerprint,
 };
@@ -28,6 +28,9 @@ pub struct Olmoe {
     /// Routing decisions of the last forward (per layer, per token), kept
     /// for statistics and tests.
     pub last_routing: Vec<Vec<Routing>>,
+    /// How new caches store keys and values (f32 unless the engine says
+    /// otherwise, see [`LanguageModel::set_kv_types`]).
+    kv_types: KvTypes,
 }
 
 impl Olmoe {
@@ -55,13 +58,15 @@ impl Olmoe {
             rope,
             attn,
             last_routing: Vec::new(),
+            kv_types: KvTypes::default(),
         }
     }
 
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(
+        KvCache::with_types(
             self.cfg.num_hidden_layers,
             self.cfg.kv_heads() * self.cfg.head_dim(),
+            self.kv_types,
         )
     }
 
@@ -123,6 +128,9 @@ impl SequenceState for KvCache {
     fn push_position_bytes(&mut self, bytes: &[u8]) -> bool {
         KvCache::push_position_bytes(self, bytes)
     }
+    fn payload_kind(&self) -> u32 {
+        self.types().header_code()
+    }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
     }
@@ -148,6 +156,10 @@ impl LanguageModel for Olmoe {
             c.num_experts as u64,
             c.intermediate_size as u64,
         ])
+    }
+    fn set_kv_types(&mut self, kv: KvTypes) -> bool {
+        self.kv_types = kv;
+        true
     }
     fn new_state(&self) -> Box<dyn SequenceState> {
         Box::new(self.new_cache())
