@@ -659,6 +659,130 @@ def prefill(a):
     print("\n".join(lines))
 
 
+# ---------------------------------------------------------------- long
+
+LONG_DECODE = 16
+
+LLAMA_LONG = r"""
+# One llama.cpp long-context run: the prompt in batches of 512, then greedy
+# decode, each timed; flash attention on, f16 K and V (its defaults).
+import json, resource, sys, time
+import numpy as np
+from llama_cpp import Llama
+a = json.loads(sys.argv[1])
+llm = Llama(model_path=a["model"], n_ctx=len(a["prompt"]) + a["n"] + 8, n_batch=512, n_ubatch=512,
+            n_threads=a["threads"], n_threads_batch=a["threads"], use_mmap=True, verbose=False,
+            seed=0, flash_attn=True)
+n_vocab = llm.n_vocab()
+llm.reset()
+t0 = time.perf_counter()
+llm.eval(a["prompt"])
+prefill = time.perf_counter() - t0
+t0 = time.perf_counter()
+for i in range(a["n"]):
+    tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+    llm.eval([tok])
+decode = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"prefill": prefill, "decode_tps": a["n"] / decode, "rss": rss}))
+"""
+
+
+def long_model(a, src, ctx):
+    """`src` (a coli container) with its config's context raised to `ctx`:
+    a directory of links to the same files beside a rewritten config.json."""
+    dst = a.work / f"{src.name}-ctx{ctx}"
+    dst.mkdir(exist_ok=True)
+    for f in src.iterdir():
+        t = dst / f.name
+        if f.name == "config.json":
+            cfg = json.loads(f.read_text())
+            cfg["max_position_embeddings"] = ctx
+            t.write_text(json.dumps(cfg, indent=2))
+        elif not t.exists():
+            t.symlink_to(f.resolve())
+    return dst
+
+
+def peak_rss_run(cmd, env):
+    """Runs `cmd`, returning (completed process, the child's peak RSS in bytes)."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss of children is the largest of any child so far: a run that
+    # did not exceed the earlier peak reports that peak (runs go smallest first).
+    return r, max(before, after) * 1024
+
+
+def long_coli(a, model, threads, n):
+    targs, env = coli_threads_args(a.coli, threads)
+    ids = a.work / f"long-{n}.txt"
+    ids.write_text(",".join(map(str, prefill_ids(n))))
+    cmd = [a.coli, "run", "--model", model, "--prompt-ids", ids.read_text(), "--max-tokens", str(LONG_DECODE),
+           "--ids", *targs, *a.coli_args.split()]
+    r, rss = peak_rss_run(in_cgroup(cmd, a.cgroup_gb), env)
+    m = re.search(r"prefill ([0-9.]+)s; generated (\d+) tok in ([0-9.]+)s", r.stderr)
+    if r.returncode != 0 or not m:
+        raise RuntimeError(f"coli run failed: {r.stderr[-2000:]}")
+    gen, secs = int(m.group(2)), float(m.group(3))
+    return {"prefill": float(m.group(1)), "decode_tps": gen / secs if secs > 0 else 0.0, "rss": rss}
+
+
+def long_llama(a, model, threads, n):
+    arg = {"model": str(model), "threads": threads, "prompt": prefill_ids(n), "n": LONG_DECODE}
+    cmd = [venv_python(a.work), "-c", LLAMA_LONG, json.dumps(arg)]
+    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=llama_env(a))
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def long(a):
+    """Long prompts: prefill of `--long-lens` tokens, then 16 greedy tokens at
+    that context, coli (f16 KV unless --coli-args says otherwise) against
+    llama.cpp (flash attention, f16 KV), rounds interleaved, both from the
+    page cache; peak RSS of each run."""
+    src, gguf = a.work / "coli-int8", a.work / "olmoe-q8_0.gguf"
+    if not (src.exists() and gguf.exists()):
+        raise SystemExit("the long step needs coli-int8 and olmoe-q8_0.gguf (run make-hf,convert)")
+    top = max(a.long_lens)
+    model = long_model(a, src, max(top + LONG_DECODE + 8, 4096))
+    lines = [
+        f"long {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
+        f"coli flags: {a.coli_args or '(defaults)'}, isa {a.isa}",
+        f"llama.cpp: {llama_system_info(a)}",
+        f"coli: {coli_kernels(a)}",
+        "",
+        "| prompt tokens | threads | coli prefill tok/s | llama.cpp prefill tok/s | ratio | "
+        f"coli decode tok/s at that context | llama.cpp decode tok/s | ratio | coli peak RSS GB | llama.cpp peak RSS GB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    warm_page_cache(src, gguf)
+    for n in sorted(a.long_lens):
+        for threads in a.threads:
+            cs, ls = [], []
+            for rnd in range(a.rounds):
+                order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
+                for who in order:
+                    if who == "coli":
+                        cs.append(long_coli(a, model, threads, n))
+                    else:
+                        ls.append(long_llama(a, gguf, threads, n))
+                log(f"long {n} t={threads} round {rnd}: coli {cs[-1]} llama.cpp {ls[-1]}")
+            cp = statistics.median(n / r["prefill"] for r in cs)
+            lp = statistics.median(n / r["prefill"] for r in ls)
+            cd = statistics.median(r["decode_tps"] for r in cs)
+            ld = statistics.median(r["decode_tps"] for r in ls)
+            crss = max(r["rss"] for r in cs) / 1e9
+            lrss = max(r["rss"] for r in ls) / 1e9
+            lines.append(
+                f"| {n} | {threads} | {cp:.1f} | {lp:.1f} | {cp / lp:.2f} | {cd:.2f} | {ld:.2f} | {cd / ld:.2f} | "
+                f"{crss:.2f} | {lrss:.2f} |"
+            )
+    print("\n".join(lines))
+
+
 # ---------------------------------------------------------------- turns
 
 TURNS_CONVERSATIONS = 8
@@ -832,6 +956,8 @@ def main():
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
     ap.add_argument("--only", default="", help="subset, e.g. int8:replay (weights:workload)")
     ap.add_argument("--turns", type=int, default=4, help="turns per conversation (the turns step)")
+    ap.add_argument("--long-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 8192, 32768],
+                    help="prompt lengths of the long step")
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
                     help="avx2: both engines restricted to AVX2 (needs the setup-avx2 step)")
     a = ap.parse_args()
@@ -841,9 +967,9 @@ def main():
     a.work.mkdir(parents=True, exist_ok=True)
     a.coli = a.coli.resolve()
     steps = {"setup": setup, "setup-avx2": setup_avx2, "make-hf": make_hf, "convert": convert,
-             "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns}
+             "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns, "long": long}
     if a.steps == "all":
-        todo = [s for s in steps if s not in ("setup-server", "turns") and (s != "setup-avx2" or a.isa == "avx2")]
+        todo = [s for s in steps if s not in ("setup-server", "turns", "long") and (s != "setup-avx2" or a.isa == "avx2")]
     else:
         todo = a.steps.split(",")
     for name in todo:
