@@ -229,3 +229,62 @@ fn coli_bench_replays_an_id_file() {
         .output();
     assert!(!bad.status.success());
 }
+
+/// `coli bench --interfere`: a long prompt submitted beside a decoding
+/// stream is read in `--prefill-chunk` pieces, one per step, and the stream
+/// gets every one of its tokens (counts only; the gaps are timings).
+#[test]
+fn bench_interfere_splits_the_long_prompt_beside_a_stream() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny");
+    let out = support::coli_command()
+        .args(["bench", "--model"])
+        .arg(&dir)
+        .args([
+            "--interfere",
+            "600",
+            "--prefill-chunk",
+            "64",
+            "--prompt-len",
+            "8",
+            "--tokens",
+            "30",
+        ])
+        .args(["--warmup", "2"])
+        .output();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("long prompt 600 tokens in chunks of 64: 10 chunks"),
+        "{stdout}"
+    );
+    let steps: u64 = stdout
+        .split(" steps")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a step count");
+    assert!(steps >= 10, "10 chunks need 10 steps at least: {stdout}");
+    let counts: Vec<usize> = stdout
+        .lines()
+        .find(|l| l.starts_with("stream      tokens"))
+        .and_then(|l| l.rsplit(": ").next())
+        .map(|l| l.split(" / ").filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    assert_eq!(counts.iter().sum::<usize>(), 32, "{stdout}");
+
+    let too_long = support::coli_command()
+        .args(["bench", "--model"])
+        .arg(&dir)
+        .args(["--interfere", "5000"])
+        .output();
+    assert!(!too_long.status.success());
+    assert!(
+        String::from_utf8_lossy(&too_long.stderr).contains("needs"),
+        "{}",
+        String::from_utf8_lossy(&too_long.stderr)
+    );
+}

@@ -82,6 +82,16 @@ pub struct BenchArgs {
     /// on (see docs/benchmarks.md, "Prompt cache").
     #[arg(long, value_name = "N", conflicts_with = "streams")]
     pub conversations: Option<usize>,
+    /// A long prompt beside a decoding stream instead: a second slot
+    /// submits N prompt tokens while the first decodes, and the gaps
+    /// between the first one's tokens are measured before and during that
+    /// prefill (docs/benchmarks.md, "Long prompts beside a stream").
+    #[arg(long, value_name = "N", conflicts_with_all = ["streams", "conversations"])]
+    pub interfere: Option<usize>,
+    /// With --interfere: the most prompt tokens one step computes (the
+    /// decode loop's chunk; `coli serve` uses 512).
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub prefill_chunk: usize,
     /// With --conversations: the slots they share.
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub kv_slots: usize,
@@ -249,6 +259,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
     if let Some(n) = args.conversations {
         return super::bench_conversations::run(&args, n);
+    }
+    if let Some(n) = args.interfere {
+        return super::bench_interfere::run(&args, n);
     }
     let dir = args.model.resolve()?;
     let cfg = ModelShape::load(&dir).with_context(|| format!("reading {}", dir.display()))?;

@@ -5,6 +5,7 @@
 
 pub mod bench;
 mod bench_conversations;
+mod bench_interfere;
 mod bench_streams;
 pub mod chat;
 pub mod convert;
