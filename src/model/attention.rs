@@ -214,7 +214,10 @@ pub fn attend(
     // A compact (f16, q8) cache converts each key and value head slice to
     // f32 inside the work item, once per block, before the same arithmetic:
     // the results depend on neither the blocking nor the thread count, and
-    // an f32 cache is read in place.
+    // an f32 cache is read in place. The q·k dot products and the weighted
+    // sums run on the SIMD kernels (`Kernels::dot_f32`, `Kernels::axpy`),
+    // which are bit-identical to `ops::dot` and `o += w * v`, so the kernel
+    // set does not change a token either.
     let mut blocks = Vec::new();
     let mut row0 = 0;
     for (s, (m, _)) in seqs.iter().enumerate() {
