@@ -14,6 +14,7 @@ use colibri::cli::validate::{Reference, greedy, teacher_forcing};
 use colibri::convert::convert;
 use colibri::engine::{Engine, EngineOptions, Placement};
 use colibri::model::family::ModelConfig;
+use colibri::model::kv_cache::{KvType, KvTypes};
 use colibri::quant::QFormat;
 
 /// fixtures/tf5/<name> and the transformers 4 fixture it was made from.
@@ -100,8 +101,14 @@ fn a_transformers_5_config_reads_as_its_transformers_4_original() {
         }
         let b = ModelConfig::from_json(Path::new("config.json"), old).unwrap();
         assert_eq!(a.shape(), b.shape(), "{name}");
-        let kv = colibri::model::kv_cache::KvTypes::default();
-        assert_eq!(a.kv_bytes_per_position(kv), b.kv_bytes_per_position(kv), "{name}");
+        for t in KvType::ALL {
+            let t = KvTypes::both(t);
+            assert_eq!(
+                a.kv_bytes_per_position(t),
+                b.kv_bytes_per_position(t),
+                "{name} {t}"
+            );
+        }
         assert_eq!(format!("{a:?}"), format!("{b:?}"), "{name}");
     }
 }

@@ -11,6 +11,12 @@
 //! ([`Kernels::prepare`], [`Acts`]): the SIMD kernels then turn each nibble
 //! into an f32 with one table lookup instead of widening byte by byte.
 //!
+//! The attention inner loops ([`Kernels::dot_f32`], [`Kernels::axpy`]) and
+//! the KV cache reads ([`Kernels::f16_to_f32`], [`Kernels::dequant_i8`]) have
+//! SIMD versions too, but unlike the row kernels they are bit-identical to
+//! their scalar definitions (no FMA, the same lanes and reduction tree), so
+//! choosing a set never changes a token.
+//!
 //! The optional int8-activation mode ([`QActs`], [`Kernels::dot_q8`]) trades
 //! exactness against the f32 reference for speed; it is never the default.
 
@@ -19,6 +25,8 @@ pub mod scalar;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "aarch64")]
+mod neon_vec;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -150,6 +158,8 @@ pub struct Kernels {
     pub name: &'static str,
     isa: Isa,
     vnni: bool,
+    /// Whether the CPU has F16C (x86), for the f16 → f32 conversion.
+    f16c: bool,
 }
 
 impl Kernels {
@@ -159,6 +169,7 @@ impl Kernels {
             name: "scalar",
             isa: Isa::Scalar,
             vnni: false,
+            f16c: false,
         }
     }
 
@@ -170,6 +181,7 @@ impl Kernels {
                 name: "avx2",
                 isa: Isa::Avx2,
                 vnni: false,
+                f16c: x86::has_f16c(),
             });
         }
         None
@@ -185,6 +197,7 @@ impl Kernels {
                 name: if vnni { "avx512+vnni" } else { "avx512" },
                 isa: Isa::Avx512,
                 vnni,
+                f16c: x86::has_f16c(),
             });
         }
         None
@@ -198,6 +211,7 @@ impl Kernels {
                 name: "neon",
                 isa: Isa::Neon,
                 vnni: false,
+                f16c: false,
             });
         }
         None
@@ -453,6 +467,91 @@ impl Kernels {
                 w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
             ]))
         })
+    }
+
+    /// `Σ a_i b_i` over the common length, bit-identical to
+    /// [`crate::model::ops::dot`] (the scalar set calls it): 16 lane sums
+    /// (lane `i % 16`) of separately rounded products, the tree
+    /// `acc[i] += acc[i + 8]`, `+ 4`, `+ 2`, `+ 1`, then the scalar sum of the
+    /// leftover `len % 16` products added last. No FMA anywhere: a fused
+    /// multiply-add rounds once where the reference rounds twice, and
+    /// attention scores feed the token-exact oracle tests. What the SIMD sets
+    /// gain is width (2 × 8 lanes on AVX2, 16 on AVX-512, 4 × 4 on NEON, where
+    /// the crate built for baseline x86_64 gets 4-lane SSE2) with the same
+    /// per-lane order.
+    #[inline]
+    pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
+        match self.isa {
+            Isa::Scalar => crate::model::ops::dot(a, b),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only built after detecting AVX2.
+            Isa::Avx2 => unsafe { x86::vec::dot_avx2(a, b) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F.
+            Isa::Avx512 => unsafe { x86::vec::dot_avx512(a, b) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: `Isa::Neon` is only built after detecting NEON.
+            Isa::Neon => unsafe { neon_vec::dot(a, b) },
+        }
+    }
+
+    /// `out_i += w * x_i` over the common length: per element one rounded
+    /// multiply then one rounded add, as the scalar loop (never fused), so
+    /// every set gives the same bits. Attention's weighted sum of values.
+    #[inline]
+    pub fn axpy(&self, out: &mut [f32], w: f32, x: &[f32]) {
+        match self.isa {
+            Isa::Scalar => scalar::axpy(out, w, x),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only built after detecting AVX2.
+            Isa::Avx2 => unsafe { x86::vec::axpy_avx2(out, w, x) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F
+            // and AVX2 (`has_avx512` includes `has_avx2`).
+            Isa::Avx512 => unsafe { x86::vec::axpy_avx512(out, w, x) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: `Isa::Neon` is only built after detecting NEON.
+            Isa::Neon => unsafe { neon_vec::axpy(out, w, x) },
+        }
+    }
+
+    /// `out_i = src_i` as f32 over the common length (the f16 KV cache's
+    /// read). Every half is exactly an f32, so this equals `half`'s
+    /// `f16::to_f32` bit for bit, NaNs included (both quiet a signalling
+    /// NaN and keep its payload). F16C on x86 (AVX-512's 16-wide form with
+    /// AVX-512F); scalar elsewhere, NEON included.
+    #[inline]
+    pub fn f16_to_f32(&self, src: &[half::f16], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.f16c {
+            if self.isa == Isa::Avx512 {
+                // SAFETY: `Isa::Avx512` is only built after detecting
+                // AVX-512F and AVX2, and `f16c` only set after detecting F16C.
+                return unsafe { x86::vec::f16_to_f32_avx512(src, out) };
+            }
+            if self.isa == Isa::Avx2 {
+                // SAFETY: `Isa::Avx2` is only built after detecting AVX2,
+                // and `f16c` only set after detecting F16C.
+                return unsafe { x86::vec::f16_to_f32_f16c(src, out) };
+            }
+        }
+        scalar::f16_to_f32(src, out)
+    }
+
+    /// `out_i = q_i as f32 * d` over the common length (one `q8` KV cache
+    /// block's read): an exact widening then one rounded multiply, the same
+    /// bits on every set.
+    #[inline]
+    pub fn dequant_i8(&self, q: &[i8], d: f32, out: &mut [f32]) {
+        match self.isa {
+            Isa::Scalar => scalar::dequant_i8(q, d, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: both sets are only built after detecting AVX2.
+            Isa::Avx2 | Isa::Avx512 => unsafe { x86::vec::dequant_i8_avx2(q, d, out) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: `Isa::Neon` is only built after detecting NEON.
+            Isa::Neon => unsafe { neon_vec::dequant_i8(q, d, out) },
+        }
     }
 
     /// `T` dot products of one row; lengths already checked.

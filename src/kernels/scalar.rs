@@ -62,3 +62,24 @@ pub fn dequantize_row(row: &RowRef<'_>, out: &mut [f32]) {
         }
     }
 }
+
+/// `out_i += w * x_i` over the common length (multiply, then add).
+pub fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o += w * v;
+    }
+}
+
+/// `out_i = src_i` as f32 over the common length (`half`'s conversion).
+pub fn f16_to_f32(src: &[half::f16], out: &mut [f32]) {
+    for (o, x) in out.iter_mut().zip(src) {
+        *o = x.to_f32();
+    }
+}
+
+/// `out_i = q_i as f32 * d` over the common length.
+pub fn dequant_i8(q: &[i8], d: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(q) {
+        *o = v as f32 * d;
+    }
+}

@@ -11,8 +11,9 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::dispatch;
 use crate::model::kv_cache::{KvCache, KvRows};
-use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace};
+use crate::model::ops::{Rope, rms_norm_inplace, softmax_inplace};
 use crate::quant::QMatrix;
 
 /// Where q/k RMSNorm applies, if anywhere.
@@ -101,6 +102,26 @@ impl AttnWeights {
 
 /// Rows of one sequence that share one pass over its keys and values.
 const ROW_BLOCK: usize = 32;
+
+/// One row's visible keys `first..=pos` within a work item, and the
+/// offset of its scores in the item's flat score buffer.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    first: usize,
+    pos: usize,
+    at: usize,
+}
+
+/// Buffers a worker reuses from one work item to the next (rayon's
+/// `map_init`); every value is overwritten before it is read, so reuse
+/// cannot change a result.
+#[derive(Default)]
+struct BlockBuffers {
+    spans: Vec<Span>,
+    scores: Vec<f32>,
+    /// A compact cache's key or value head slice as f32.
+    scratch: Vec<f32>,
+}
 
 /// Runs attention for the new rows of several sequences. `xn` holds the
 /// normalised inputs of every sequence's new tokens back to back
@@ -193,7 +214,10 @@ pub fn attend(
     // A compact (f16, q8) cache converts each key and value head slice to
     // f32 inside the work item, once per block, before the same arithmetic:
     // the results depend on neither the blocking nor the thread count, and
-    // an f32 cache is read in place.
+    // an f32 cache is read in place. The q·k dot products and the weighted
+    // sums run on the SIMD kernels (`Kernels::dot_f32`, `Kernels::axpy`),
+    // which are bit-identical to `ops::dot` and `o += w * v`, so the kernel
+    // set does not change a token either.
     let mut blocks = Vec::new();
     let mut row0 = 0;
     for (s, (m, _)) in seqs.iter().enumerate() {
@@ -205,46 +229,82 @@ pub fn attend(
         }
         row0 += m;
     }
+    let kern = dispatch();
     let outs: Vec<Vec<f32>> = blocks
         .par_iter()
-        .map(|(s, h, rows)| {
+        .map_init(BlockBuffers::default, |buf, (s, h, rows)| {
             let (keys, vals) = caches[*s];
             let (h, kvh) = (*h, *h / group);
-            let span = |t: usize| {
+            let BlockBuffers {
+                spans,
+                scores,
+                scratch,
+            } = buf;
+            // Each row's visible keys `first..=pos` and where its scores
+            // start in `scores` (one flat buffer, every slot written below).
+            spans.clear();
+            let mut total = 0;
+            for t in rows.clone() {
                 let pos = row_seq[t].1;
-                (first_of(pos), pos)
+                let first = first_of(pos);
+                spans.push(Span {
+                    first,
+                    pos,
+                    at: total,
+                });
+                total += pos + 1 - first;
+            }
+            scores.clear();
+            scores.resize(total, 0.0);
+            let nr = spans.len();
+            let (lo, hi) = (spans[0].first, spans[nr - 1].pos);
+            let qv = |r: usize| {
+                let t = rows.start + r;
+                &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
             };
-            let lo = span(rows.start).0;
-            let hi = span(rows.end - 1).1;
-            let mut scratch = Vec::new();
-            let mut scores: Vec<Vec<f32>> = rows.clone().map(|_| Vec::new()).collect();
+            // The rows of a block are consecutive positions of one sequence,
+            // so `pos` rises and `first` never falls from row to row: the rows
+            // that see key `p` are the run `a..b` (those with `pos >= p`
+            // intersected with those with `first <= p`), which moves forward
+            // with `p`. Same scores in the same order as testing every row.
+            let (mut a, mut b) = (0, 0);
             for p in lo..=hi {
-                let kr = keys.head(p, kv_dim, kvh * hd, hd, &mut scratch);
-                for (t, sc) in rows.clone().zip(scores.iter_mut()) {
-                    let (first, pos) = span(t);
-                    if (first..=pos).contains(&p) {
-                        let qv = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-                        sc.push(dot(qv, kr) * scale);
-                    }
+                while a < nr && spans[a].pos < p {
+                    a += 1;
+                }
+                while b < nr && spans[b].first <= p {
+                    b += 1;
+                }
+                if a >= b {
+                    continue;
+                }
+                let kr = keys.head(p, kv_dim, kvh * hd, hd, scratch);
+                for (r, sp) in spans.iter().enumerate().take(b).skip(a) {
+                    scores[sp.at + p - sp.first] = kern.dot_f32(qv(r), kr) * scale;
                 }
             }
-            for sc in &mut scores {
+            for sp in spans.iter() {
+                let sc = &mut scores[sp.at..sp.at + sp.pos + 1 - sp.first];
                 match w.sinks.get(h) {
                     Some(&sink) => softmax_with_sink(sc, sink),
                     None => softmax_inplace(sc),
                 }
             }
-            let mut out = vec![0f32; rows.len() * hd];
+            let mut out = vec![0f32; nr * hd];
+            let (mut a, mut b) = (0, 0);
             for p in lo..=hi {
-                let vr = vals.head(p, kv_dim, kvh * hd, hd, &mut scratch);
-                for ((t, sc), o) in rows.clone().zip(&scores).zip(out.chunks_exact_mut(hd)) {
-                    let (first, pos) = span(t);
-                    if (first..=pos).contains(&p) {
-                        let weight = sc[p - first];
-                        for (o, &x) in o.iter_mut().zip(vr) {
-                            *o += weight * x;
-                        }
-                    }
+                while a < nr && spans[a].pos < p {
+                    a += 1;
+                }
+                while b < nr && spans[b].first <= p {
+                    b += 1;
+                }
+                if a >= b {
+                    continue;
+                }
+                let vr = vals.head(p, kv_dim, kvh * hd, hd, scratch);
+                for (sp, o) in spans[a..b].iter().zip(out[a * hd..b * hd].chunks_exact_mut(hd)) {
+                    kern.axpy(o, scores[sp.at + p - sp.first], vr);
                 }
             }
             out
@@ -389,6 +449,33 @@ mod tests {
             let one = pool(1).install(|| run(types));
             let two = pool(2).install(|| run(types));
             assert_eq!(one, two, "{t}");
+        }
+    }
+
+    /// With a sliding window and sinks, a 70-row prefill (blocks whose rows
+    /// see different spans of the past) gives the same bits as the same
+    /// rows one at a time: every row's arithmetic is that of a row alone.
+    #[test]
+    fn blocked_rows_equal_single_rows_with_a_window_and_sinks() {
+        let (mut spec, mut w, rope) = block();
+        spec.window = Some(7);
+        w.sinks = vec![0.5, -1.0, 2.0, 0.0];
+        let xs: Vec<f32> = (0..70 * spec.hidden)
+            .map(|i| (i * 53 % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        for t in KvType::ALL {
+            let types = KvTypes::both(t);
+            let d = spec.kv_heads * spec.head_dim;
+            let mut kv = KvCache::with_types(1, d, types);
+            let all = attend(&spec, &w, &rope, 0, &xs, &mut [(70, &mut kv)]);
+            let mut kv = KvCache::with_types(1, d, types);
+            let mut one = Vec::new();
+            for x in xs.chunks_exact(spec.hidden) {
+                one.extend(attend(&spec, &w, &rope, 0, x, &mut [(1, &mut kv)]));
+                kv.commit(1);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&all), bits(&one), "{t}");
         }
     }
 

@@ -14,6 +14,8 @@
 
 use half::f16;
 
+use crate::kernels::dispatch;
+
 /// Values per `q8` block (llama.cpp `QK8_0`).
 pub const Q8_BLOCK: usize = 32;
 /// Bytes of one `q8` block: an f16 scale then 32 int8 quants.
@@ -217,19 +219,26 @@ impl KvRows {
     }
 
     /// Values `off..off + out.len()` of row `p` (rows of `d`), as f32, into `out`.
+    ///
+    /// The conversions run on the SIMD kernels ([`crate::kernels::Kernels::f16_to_f32`],
+    /// [`crate::kernels::Kernels::dequant_i8`]), which give exactly the scalar definitions'
+    /// bits: `half`'s `to_f32`, and `q as f32 * d` per value.
     pub fn read_into(&self, p: usize, d: usize, off: usize, out: &mut [f32]) {
+        let kern = dispatch();
+        let end = off + out.len();
         match self {
-            Self::F32(v) => out.copy_from_slice(&v[p * d + off..p * d + off + out.len()]),
-            Self::F16(v) => {
-                for (o, x) in out.iter_mut().zip(&v[p * d + off..]) {
-                    *o = x.to_f32();
-                }
-            }
+            Self::F32(v) => out.copy_from_slice(&v[p * d + off..p * d + end]),
+            Self::F16(v) => kern.f16_to_f32(&v[p * d + off..p * d + end], out),
             Self::Q8 { scales, quants } => {
                 let nb = d.div_ceil(Q8_BLOCK);
                 let (s, q) = (&scales[p * nb..(p + 1) * nb], &quants[p * nb * Q8_BLOCK..]);
-                for (i, o) in (off..).zip(out.iter_mut()) {
-                    *o = q[i] as f32 * s[i / Q8_BLOCK].to_f32();
+                // Block by block: each run of values shares one scale.
+                let mut i = off;
+                while i < end {
+                    let b = i / Q8_BLOCK;
+                    let stop = ((b + 1) * Q8_BLOCK).min(end);
+                    kern.dequant_i8(&q[i..stop], s[b].to_f32(), &mut out[i - off..stop - off]);
+                    i = stop;
                 }
             }
         }

@@ -4,6 +4,7 @@ pub(super) mod avx2;
 pub(super) mod avx2_q8;
 pub(super) mod avx512;
 pub(super) mod q8_row;
+pub(super) mod vec;
 pub(super) mod vnni;
 
 /// AVX2 and FMA (the AVX2 kernel set).
@@ -14,6 +15,11 @@ pub(super) fn has_avx2() -> bool {
 /// AVX-512 foundation and byte/word instructions, plus FMA.
 pub(super) fn has_avx512() -> bool {
     is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && has_avx2()
+}
+
+/// F16C half-precision conversion (the vectorised f16 KV cache reads).
+pub(super) fn has_f16c() -> bool {
+    is_x86_feature_detected!("f16c")
 }
 
 /// AVX512-VNNI integer dot products (on top of [`has_avx512`]).

@@ -1,0 +1,203 @@
+//! AVX2 and AVX-512F versions of the attention inner loops (see
+//! [`crate::kernels::Kernels::dot_f32`] and its siblings for the contract):
+//! bit-identical to the scalar definitions, so they use separate multiplies
+//! and adds (never FMA, which rounds once instead of twice) and the scalar
+//! reference's lane layout and reduction tree.
+//!
+//! The 16 accumulator lanes of [`crate::model::ops::dot`] are two 8-lane
+//! vectors on AVX2 (lanes 0..8, 8..16) and one 16-lane vector on AVX-512;
+//! the tree `acc[i] += acc[i + 8]`, `+ 4`, `+ 2`, `+ 1` becomes adding the
+//! upper half of the vector to the lower half four times.
+
+use core::arch::x86_64::*;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// The scalar remainder of a dot product, summed exactly as
+/// [`crate::model::ops::dot`] sums it.
+#[inline(always)]
+fn tail_dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>()
+}
+
+/// Lanes 0..8 of the 16-lane tree after `acc[i] += acc[i + 8]`, reduced
+/// the rest of the way: `+ 4`, `+ 2`, `+ 1`, in that order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn reduce8(s8: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2));
+    _mm_cvtss_f32(s1)
+}
+
+/// `Σ a_i b_i` in [`crate::model::ops::dot`]'s order.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[target_feature(enable = "avx2")]
+pub(in crate::kernels) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let body = n / 16 * 16;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 16 <= body <= n`, and both slices hold `n` values.
+        unsafe {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)));
+            let y = _mm256_mul_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)));
+            lo = _mm256_add_ps(lo, x);
+            hi = _mm256_add_ps(hi, y);
+        }
+        i += 16;
+    }
+    reduce8(_mm256_add_ps(lo, hi)) + tail_dot(&a[body..n], &b[body..n])
+}
+
+/// `Σ a_i b_i` in [`crate::model::ops::dot`]'s order.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(in crate::kernels) unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let body = n / 16 * 16;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 16 <= body <= n`, and both slices hold `n` values.
+        unsafe {
+            acc = _mm512_add_ps(
+                acc,
+                _mm512_mul_ps(_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i))),
+            );
+        }
+        i += 16;
+    }
+    // Lanes 8..16 are the upper 256 bits (extracted as f64x4: AVX-512F
+    // has no f32x8 extract without DQ; the bits are the same).
+    let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc)));
+    reduce8(_mm256_add_ps(_mm512_castps512_ps256(acc), upper)) + tail_dot(&a[body..n], &b[body..n])
+}
+
+/// `out_i = out_i + w x_i` (multiply, then add) over the common length.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[target_feature(enable = "avx2")]
+pub(in crate::kernels) unsafe fn axpy_avx2(out: &mut [f32], w: f32, x: &[f32]) {
+    let n = out.len().min(x.len());
+    let body = n / 8 * 8;
+    let (po, px) = (out.as_mut_ptr(), x.as_ptr());
+    let wv = _mm256_set1_ps(w);
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 8 <= body <= n`, and both slices hold `n` values.
+        unsafe {
+            let o = _mm256_add_ps(
+                _mm256_loadu_ps(po.add(i)),
+                _mm256_mul_ps(wv, _mm256_loadu_ps(px.add(i))),
+            );
+            _mm256_storeu_ps(po.add(i), o);
+        }
+        i += 8;
+    }
+    for (o, &v) in out[body..n].iter_mut().zip(&x[body..n]) {
+        *o += w * v;
+    }
+}
+
+/// `out_i = out_i + w x_i` (multiply, then add) over the common length.
+///
+/// # Safety
+/// The CPU supports AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub(in crate::kernels) unsafe fn axpy_avx512(out: &mut [f32], w: f32, x: &[f32]) {
+    let n = out.len().min(x.len());
+    let body = n / 16 * 16;
+    let (po, px) = (out.as_mut_ptr(), x.as_ptr());
+    let wv = _mm512_set1_ps(w);
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 16 <= body <= n`, and both slices hold `n` values.
+        unsafe {
+            let o = _mm512_add_ps(
+                _mm512_loadu_ps(po.add(i)),
+                _mm512_mul_ps(wv, _mm512_loadu_ps(px.add(i))),
+            );
+            _mm512_storeu_ps(po.add(i), o);
+        }
+        i += 16;
+    }
+    // SAFETY: AVX-512F implies AVX2; the slices are in bounds.
+    unsafe { axpy_avx2(&mut out[body..n], w, &x[body..n]) }
+}
+
+/// `out_i = src_i` as f32 (exact: every half is an f32) over the common
+/// length, with F16C's `vcvtph2ps`, which like `half`'s conversion keeps a
+/// NaN's payload and sets its quiet bit.
+///
+/// # Safety
+/// The CPU supports AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(in crate::kernels) unsafe fn f16_to_f32_f16c(src: &[f16], out: &mut [f32]) {
+    let n = out.len().min(src.len());
+    let body = n / 8 * 8;
+    let (ps, po) = (src.reinterpret_cast().as_ptr(), out.as_mut_ptr());
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 8 <= body <= n`: 16 bytes of `src`, 32 of `out`.
+        unsafe { _mm256_storeu_ps(po.add(i), _mm256_cvtph_ps(_mm_loadu_si128(ps.add(i).cast()))) };
+        i += 8;
+    }
+    for (o, x) in out[body..n].iter_mut().zip(&src[body..n]) {
+        *o = x.to_f32();
+    }
+}
+
+/// As [`f16_to_f32_f16c`], 16 values per instruction.
+///
+/// # Safety
+/// The CPU supports AVX-512F and F16C.
+#[target_feature(enable = "avx512f,f16c")]
+pub(in crate::kernels) unsafe fn f16_to_f32_avx512(src: &[f16], out: &mut [f32]) {
+    let n = out.len().min(src.len());
+    let body = n / 16 * 16;
+    let (ps, po) = (src.reinterpret_cast().as_ptr(), out.as_mut_ptr());
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 16 <= body <= n`: 32 bytes of `src`, 64 of `out`.
+        unsafe { _mm512_storeu_ps(po.add(i), _mm512_cvtph_ps(_mm256_loadu_si256(ps.add(i).cast()))) };
+        i += 16;
+    }
+    // SAFETY: the features are the caller's; the slices are in bounds.
+    unsafe { f16_to_f32_f16c(&src[body..n], &mut out[body..n]) }
+}
+
+/// `out_i = q_i as f32 * d` over the common length (the int8 → f32
+/// widening is exact, then one multiply, as the scalar reference).
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[target_feature(enable = "avx2")]
+pub(in crate::kernels) unsafe fn dequant_i8_avx2(q: &[i8], d: f32, out: &mut [f32]) {
+    let n = out.len().min(q.len());
+    let body = n / 8 * 8;
+    let (pq, po) = (q.as_ptr(), out.as_mut_ptr());
+    let dv = _mm256_set1_ps(d);
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 8 <= body <= n`: 8 bytes of `q`, 32 of `out`.
+        unsafe {
+            let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(pq.add(i).cast())));
+            _mm256_storeu_ps(po.add(i), _mm256_mul_ps(v, dv));
+        }
+        i += 8;
+    }
+    for (o, &v) in out[body..n].iter_mut().zip(&q[body..n]) {
+        *o = v as f32 * d;
+    }
+}

@@ -1,0 +1,115 @@
+//! The attention inner loops on every kernel set this CPU has equal their
+//! scalar definitions bit for bit: `dot_f32` against `ops::dot` (the
+//! reference attention scores were always computed with), `axpy` against
+//! `o += w * x`, the f16 cache read against `half`'s `to_f32` (every one of
+//! the 65,536 halves) and the q8 read against `q as f32 * d`. Bit equality,
+//! not a tolerance: the transformers-oracle tests check tokens exactly, so a
+//! kernel set must not change a single score.
+
+use colibri::kernels::Kernels;
+use colibri::model::ops::dot;
+use half::f16;
+use proptest::prelude::*;
+
+/// Values spanning many binades (so rounding differences would show),
+/// with exact zeros and both signs.
+fn value() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        4 => -4.0f32..4.0,
+        2 => -1e-3f32..1e-3,
+        1 => -3e4f32..3e4,
+        1 => Just(0.0f32),
+        1 => Just(-0.0f32),
+    ]
+}
+
+/// Two vectors of one random length in 0..=300 (every remainder of 16,
+/// 8 and 4, and lengths below one vector).
+fn pair() -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
+    (0usize..=300).prop_flat_map(|n| {
+        (
+            prop::collection::vec(value(), n),
+            prop::collection::vec(value(), n),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn dot_is_bit_identical_to_the_scalar_reference((a, b) in pair(), skip in 0usize..4) {
+        // Unaligned starts too (`skip`), as a head slice of a cache row may be.
+        let (a, b) = (&a[skip.min(a.len())..], &b[skip.min(b.len())..]);
+        let want = dot(a, b);
+        for k in Kernels::available() {
+            let got = k.dot_f32(a, b);
+            prop_assert_eq!(got.to_bits(), want.to_bits(), "{}: len {}: {} vs {}", k.name, a.len(), got, want);
+        }
+    }
+
+    #[test]
+    fn dot_of_unequal_lengths_uses_the_common_prefix((a, b) in pair(), cut in 0usize..40) {
+        let b = &b[..b.len().saturating_sub(cut)];
+        let want = dot(&a, b);
+        for k in Kernels::available() {
+            prop_assert_eq!(k.dot_f32(&a, b).to_bits(), want.to_bits(), "{}", k.name);
+            prop_assert_eq!(k.dot_f32(b, &a).to_bits(), dot(b, &a).to_bits(), "{}", k.name);
+        }
+    }
+
+    #[test]
+    fn axpy_is_bit_identical_to_multiply_then_add((o, x) in pair(), w in value()) {
+        let mut want = o.clone();
+        for (o, &v) in want.iter_mut().zip(&x) {
+            *o += w * v;
+        }
+        for k in Kernels::available() {
+            let mut got = o.clone();
+            k.axpy(&mut got, w, &x);
+            let (g, e): (Vec<u32>, Vec<u32>) = (got.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
+            prop_assert_eq!(g, e, "{}: len {}", k.name, x.len());
+        }
+    }
+
+    #[test]
+    fn q8_dequant_is_bit_identical_to_the_scalar_reference(
+        q in prop::collection::vec(any::<i8>(), 0..80),
+        d in value(),
+    ) {
+        let want: Vec<u32> = q.iter().map(|&v| (v as f32 * d).to_bits()).collect();
+        for k in Kernels::available() {
+            let mut got = vec![f32::NAN; q.len()];
+            k.dequant_i8(&q, d, &mut got);
+            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.clone(), "{}", k.name);
+        }
+    }
+}
+
+/// Every half, NaNs and infinities included, at every offset within a
+/// vector and a length that leaves a remainder.
+#[test]
+fn f16_conversion_is_bit_identical_to_half_for_every_value() {
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    let want: Vec<u32> = all.iter().map(|h| h.to_f32().to_bits()).collect();
+    for k in Kernels::available() {
+        for skip in [0usize, 1, 5, 9, 15] {
+            let src = &all[skip..all.len() - 3];
+            let mut got = vec![0f32; src.len()];
+            k.f16_to_f32(src, &mut got);
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(g.to_bits(), want[skip + i], "{}: half {:#06x}", k.name, skip + i);
+            }
+        }
+        // Short inputs: only the scalar remainder.
+        for n in 0..20 {
+            let mut got = vec![0f32; n];
+            k.f16_to_f32(&all[1000..1000 + n], &mut got);
+            assert!(
+                got.iter().zip(&want[1000..]).all(|(g, w)| g.to_bits() == *w),
+                "{} len {n}",
+                k.name
+            );
+        }
+    }
+}
