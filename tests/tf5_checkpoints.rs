@@ -100,7 +100,8 @@ fn a_transformers_5_config_reads_as_its_transformers_4_original() {
         }
         let b = ModelConfig::from_json(Path::new("config.json"), old).unwrap();
         assert_eq!(a.shape(), b.shape(), "{name}");
-        assert_eq!(a.kv_bytes_per_position(), b.kv_bytes_per_position(), "{name}");
+        let kv = colibri::model::kv_cache::KvTypes::default();
+        assert_eq!(a.kv_bytes_per_position(kv), b.kv_bytes_per_position(kv), "{name}");
         assert_eq!(format!("{a:?}"), format!("{b:?}"), "{name}");
     }
 }
