@@ -279,7 +279,7 @@ fn hostile_configs_are_refused_by_name() {
         (
             "qwen3-moe-tiny",
             "rope_scaling",
-            Some(serde_json::json!({"rope_type": "yarn", "factor": 4.0})),
+            Some(serde_json::json!({"rope_type": "dynamic", "factor": 4.0})),
         ),
         ("qwen3-moe-tiny", "rms_norm_eps", Some(serde_json::json!(-1e-6))),
         ("mixtral-tiny", "num_local_experts", None),

@@ -10,7 +10,6 @@ use anyhow::Context;
 use clap::Args;
 
 use super::output::diag;
-use super::serve::context_len;
 use super::{EngineArgs, ModelArg};
 use crate::chat_template::ChatMessage;
 use crate::engine::Engine;
@@ -27,7 +26,8 @@ pub struct ChatArgs {
     /// Tokens per reply.
     #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = limits::max_tokens)]
     pub max_tokens: usize,
-    /// Context length (default: the model's, at most 8192).
+    /// Context length (default: the model's max_position_embeddings, as far
+    /// as the memory budget holds its KV cache; more is refused).
     #[arg(long, allow_negative_numbers = true, value_parser = limits::context)]
     pub ctx: Option<usize>,
     /// 0 = greedy.
@@ -158,10 +158,10 @@ impl Chat {
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let dir = args.model.resolve()?;
     let mut opts = args.engine.options();
-    opts.max_ctx = Some(args.ctx.unwrap_or(super::serve::DEFAULT_CTX_CAP));
+    opts.max_ctx = args.ctx;
     let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
         .with_context(|| format!("loading {}", dir.display()))?;
-    let max_ctx = context_len(args.ctx, engine.model.max_positions());
+    let max_ctx = super::serve::engine_context("chat", &engine);
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let loop_cfg = LoopConfig {
         slots: 1,

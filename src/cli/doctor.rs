@@ -200,16 +200,11 @@ fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result
     ));
     if let Some(h) = memory_headroom() {
         // As `coli plan` counts it at its defaults (one slot, the context
-        // `coli serve` takes by default).
-        let ctx = shape.max_positions().min(super::serve::DEFAULT_CTX_CAP);
-        let f = super::fit::fit(
-            &ck,
-            &shape,
-            h.bytes / 10 * 9,
-            ctx,
-            1,
-            crate::engine::DEFAULT_KV_TYPES,
-        )?;
+        // the engine takes by default under that budget).
+        let budget = h.bytes / 10 * 9;
+        let kv = crate::engine::DEFAULT_KV_TYPES;
+        let ctx = super::fit::context_for(&ck, &shape, budget, None, 1, kv)?.ctx;
+        let f = super::fit::fit(&ck, &shape, budget, ctx, 1, kv)?;
         let fits = f.placement == super::fit::Placement::Mapped;
         out.push(format!(
             "placement   {} (auto): the experts {} the {:.2} GiB expert cache left by 90% of the headroom",

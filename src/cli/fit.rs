@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use crate::engine::WORKING_SET_BYTES;
+use crate::engine::context::{ContextBudget, ContextChoice, ContextRequest, choose_context, longest_fitting};
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
 use crate::synth::ModelShape;
@@ -49,6 +50,94 @@ pub fn expert_cache_bytes(budget: u64, dense: u64, kv: u64) -> u64 {
     budget.saturating_sub(dense + kv + WORKING_SET_BYTES)
 }
 
+/// The part of a model's memory that does not depend on the context.
+struct Sizes {
+    dense_bytes: u64,
+    expert_bytes: u64,
+    experts: usize,
+    max_expert_bytes: u64,
+    embed_bytes: u64,
+    /// A streamed pipeline's buffers outside the cache.
+    transient_bytes: u64,
+    /// [`crate::engine::least_expert_cache_bytes`] at the default placement.
+    least_expert_bytes: u64,
+}
+
+fn sizes(ck: &Checkpoint, shape: &ModelShape) -> anyhow::Result<Sizes> {
+    let (map, _) = shape.expert_map(ck, LoadOptions::default())?;
+    let total: u64 = ck.names().filter_map(|n| ck.info(n).ok()).map(|m| m.len).sum();
+    let expert_bytes: u64 = map.extents.iter().map(|e| e.bytes()).sum();
+    let workers = crate::engine::EngineOptions::default().io_workers;
+    let top_k = shape.num_experts_per_tok;
+    Ok(Sizes {
+        dense_bytes: total.saturating_sub(expert_bytes),
+        expert_bytes,
+        experts: map.extents.iter().filter(|e| e.bytes() > 0).count(),
+        max_expert_bytes: map.max_expert_bytes(),
+        embed_bytes: ["model.embed_tokens.weight", "model.embed_tokens.weight.qs"]
+            .iter()
+            .filter_map(|n| ck.info(n).ok())
+            .map(|m| m.len)
+            .sum::<u64>(),
+        transient_bytes: crate::engine::streamed_transient_bytes(&map, workers, top_k),
+        least_expert_bytes: crate::engine::least_expert_cache_bytes(
+            &map,
+            crate::engine::Placement::Auto,
+            workers,
+            top_k,
+        ),
+    })
+}
+
+/// Whether `ctx` positions for each of `slots` fit `budget` after the dense
+/// weights, the working set and the least expert cache (the engine's test
+/// under `--ram-gb`, the prompt cache off).
+fn fits_with(sz: &Sizes, per_position: u64, slots: usize, budget: u64) -> impl Fn(usize) -> bool {
+    let fixed = sz.dense_bytes + WORKING_SET_BYTES + sz.least_expert_bytes;
+    move |ctx| fixed + per_position * ctx as u64 * slots.max(1) as u64 <= budget
+}
+
+/// The context the engine would size the KV cache for: `requested` if it
+/// is within the model's limit and fits, else the error the engine gives;
+/// by default the model's positions, capped by `budget`.
+pub fn context_for(
+    ck: &Checkpoint,
+    shape: &ModelShape,
+    budget: u64,
+    requested: Option<usize>,
+    slots: usize,
+    kv: crate::model::kv_cache::KvTypes,
+) -> anyhow::Result<ContextChoice> {
+    let sz = sizes(ck, shape)?;
+    let fits = fits_with(&sz, shape.kv_bytes_per_position(kv), slots, budget);
+    let b = ContextBudget {
+        room: budget.saturating_sub(sz.dense_bytes + WORKING_SET_BYTES + sz.least_expert_bytes),
+        fits: &fits,
+    };
+    let req = ContextRequest {
+        requested,
+        declared: shape.max_positions(),
+        limit: shape.position_limit(),
+        slots,
+        kv,
+    };
+    Ok(choose_context(&req, Some(&b))?)
+}
+
+/// The longest context per slot, up to the model's position limit, that
+/// `slots` conversations at `kv` fit into `budget` (0: none).
+pub fn longest_context(
+    ck: &Checkpoint,
+    shape: &ModelShape,
+    budget: u64,
+    slots: usize,
+    kv: crate::model::kv_cache::KvTypes,
+) -> anyhow::Result<usize> {
+    let sz = sizes(ck, shape)?;
+    let fits = fits_with(&sz, shape.kv_bytes_per_position(kv), slots, budget);
+    Ok(longest_fitting(shape.position_limit(), &fits))
+}
+
 /// How the model of `ck` / `shape` fits `budget` bytes with `kv_slots`
 /// conversations of `ctx` positions, as the engine would place it with its
 /// default I/O workers.
@@ -60,24 +149,21 @@ pub fn fit(
     kv_slots: usize,
     kv: crate::model::kv_cache::KvTypes,
 ) -> anyhow::Result<Fit> {
-    let (map, _) = shape.expert_map(ck, LoadOptions::default())?;
-    let total: u64 = ck.names().filter_map(|n| ck.info(n).ok()).map(|m| m.len).sum();
-    let expert_bytes: u64 = map.extents.iter().map(|e| e.bytes()).sum();
-    let experts = map.extents.iter().filter(|e| e.bytes() > 0).count();
-    let dense_bytes = total.saturating_sub(expert_bytes);
-    let embed_bytes = ["model.embed_tokens.weight", "model.embed_tokens.weight.qs"]
-        .iter()
-        .filter_map(|n| ck.info(n).ok())
-        .map(|m| m.len)
-        .sum::<u64>();
-    let ctx = ctx.min(shape.max_positions()).max(1);
+    let Sizes {
+        dense_bytes,
+        expert_bytes,
+        experts,
+        max_expert_bytes,
+        embed_bytes,
+        transient_bytes,
+        ..
+    } = sizes(ck, shape)?;
+    let ctx = ctx.max(1);
     let kv_bytes = shape.kv_bytes_per_position(kv) * ctx as u64 * kv_slots.max(1) as u64;
     let mut cache_bytes = expert_cache_bytes(budget, dense_bytes, kv_bytes);
     let mapped = expert_bytes <= cache_bytes;
     if !mapped {
-        let workers = crate::engine::EngineOptions::default().io_workers;
-        let transient = crate::engine::streamed_transient_bytes(&map, workers, shape.num_experts_per_tok);
-        cache_bytes = cache_bytes.saturating_sub(transient);
+        cache_bytes = cache_bytes.saturating_sub(transient_bytes);
     }
     let placement = if mapped {
         Placement::Mapped
@@ -90,7 +176,7 @@ pub fn fit(
         dense_bytes,
         expert_bytes,
         experts,
-        max_expert_bytes: map.max_expert_bytes(),
+        max_expert_bytes,
         kv_bytes,
         cache_bytes,
         placement,
@@ -103,18 +189,18 @@ pub fn fit(
     })
 }
 
-/// [`fit`] for the model in `dir`, with the default KV cache types.
-pub fn fit_dir(dir: &Path, budget: u64, ctx: usize, kv_slots: usize) -> anyhow::Result<Fit> {
+/// [`fit`] for the model in `dir` with one slot at the default KV cache
+/// types, at `ctx` or (`None`) the context the engine would take by
+/// default under `budget`.
+pub fn fit_dir(dir: &Path, budget: u64, ctx: Option<usize>) -> anyhow::Result<Fit> {
     let ck = Checkpoint::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     let shape = ModelShape::load(dir).with_context(|| format!("reading {}", dir.display()))?;
-    fit(
-        &ck,
-        &shape,
-        budget,
-        ctx,
-        kv_slots,
-        crate::engine::DEFAULT_KV_TYPES,
-    )
+    let kv = crate::engine::DEFAULT_KV_TYPES;
+    let ctx = match ctx {
+        Some(c) => c,
+        None => context_for(&ck, &shape, budget, None, 1, kv)?.ctx,
+    };
+    fit(&ck, &shape, budget, ctx, 1, kv)
 }
 
 impl Fit {
@@ -140,7 +226,7 @@ mod tests {
         let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny");
         let mut last = None;
         for mb in [0u64, 64, 256, 270, 300, 1024] {
-            let f = fit_dir(&dir, mb << 20, 1024, 1).expect("fit");
+            let f = fit_dir(&dir, mb << 20, Some(1024)).expect("fit");
             let rank = match f.placement {
                 Placement::TooLarge => 0,
                 Placement::Streamed => 1,
@@ -152,7 +238,7 @@ mod tests {
             last = Some(rank);
         }
         assert_eq!(last, Some(2), "1 GB holds the 4 MB model");
-        let none = fit_dir(&dir, 0, 1024, 1).expect("fit");
+        let none = fit_dir(&dir, 0, Some(1024)).expect("fit");
         assert_eq!(none.placement, Placement::TooLarge);
     }
 }

@@ -101,9 +101,10 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 pub fn is_usage_error(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.is::<UsageError>()
+            || c.is::<crate::engine::context::ContextError>()
             || matches!(
                 c.downcast_ref::<crate::engine::EngineError>(),
-                Some(crate::engine::EngineError::Option(_))
+                Some(crate::engine::EngineError::Option(_) | crate::engine::EngineError::Context(_))
             )
     })
 }

@@ -55,8 +55,7 @@ fn row(e: &Entry, budget: Option<u64>) -> Row {
     let error = e.family.as_ref().err().or(e.formats.as_ref().err()).cloned();
     let fit = match (budget, error.is_none() && e.path.exists()) {
         (Some(b), true) => {
-            let ctx = super::serve::DEFAULT_CTX_CAP;
-            Some(super::fit::fit_dir(&e.path, b, ctx, 1).map_err(|err| super::error_chain(&err)))
+            Some(super::fit::fit_dir(&e.path, b, None).map_err(|err| super::error_chain(&err)))
         }
         _ => None,
     };

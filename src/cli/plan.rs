@@ -23,8 +23,9 @@ use serde::Serialize;
 
 use super::ModelArg;
 use super::fit::{Placement, fit};
-use super::serve::{DEFAULT_CTX_CAP, context_len};
+use crate::engine::context::ContextChoice;
 use crate::model::expert::ExpertWeights;
+use crate::model::kv_cache::{KvType, KvTypes};
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
 use crate::synth::{ModelShape, memory_bandwidth, read_bandwidth};
@@ -41,7 +42,8 @@ pub struct PlanArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub ram_gb: Option<f64>,
     /// Context per conversation the KV cache is sized for (default: the
-    /// model's own, at most 8192, as `coli serve` and `coli chat` size it).
+    /// model's max_position_embeddings as far as the budget holds it, as
+    /// `coli serve`, `coli chat` and `coli run` size it).
     #[arg(long, allow_negative_numbers = true, value_parser = crate::runtime::limits::context)]
     pub ctx: Option<usize>,
     /// Conversations held at once.
@@ -88,23 +90,49 @@ pub struct Plan {
     pub tok_per_s_low: f64,
     pub tok_per_s_high: f64,
     pub flags: Vec<String>,
+    /// The longest context per slot the budget holds, for 1, 2, 4 and 8
+    /// slots at each KV cache type (at most the model's position limit).
+    pub longest_ctx: Vec<LongestCtx>,
+    /// The most positions `--ctx` may ask for.
+    pub position_limit: usize,
 }
 
-/// The context the KV cache is planned for, and why: `--ctx` capped by the
-/// model, else what `coli serve` and `coli chat` take by default (the
-/// model's own positions, at most [`DEFAULT_CTX_CAP`]).
-pub fn planned_context(requested: Option<usize>, model_max: usize) -> anyhow::Result<(usize, String)> {
-    let ctx = context_len(requested, model_max);
-    let why = match requested {
-        Some(n) if n > model_max => format!("--ctx {n}, capped at the model's {model_max} positions"),
-        Some(_) => "--ctx".to_string(),
-        None if model_max > DEFAULT_CTX_CAP => format!(
-            "the model's {model_max} positions, capped at {DEFAULT_CTX_CAP} as `coli serve` and `coli chat` \
-             cap them by default (--ctx to plan for another)"
-        ),
-        None => "the model's own context, as `coli serve` and `coli chat` take it by default".to_string(),
+/// One cell of the plan's longest-context table.
+#[derive(Debug, Serialize)]
+pub struct LongestCtx {
+    pub slots: usize,
+    pub kv_type: String,
+    pub ctx: usize,
+}
+
+/// The slot counts the longest-context table shows.
+const TABLE_SLOTS: [usize; 4] = [1, 2, 4, 8];
+
+/// The context the KV cache is planned for, and why: `--ctx` (refused as
+/// the engine refuses it: beyond the model's limit, or more than fits),
+/// else the model's own positions as far as the budget holds them.
+pub fn planned_context(choice: &ContextChoice, requested: Option<usize>) -> (usize, String) {
+    let why = match (requested, &choice.capped) {
+        (Some(_), _) => "--ctx".to_string(),
+        (None, Some(note)) => note.clone(),
+        (None, None) => "the model's own context (max_position_embeddings), as `coli serve`, `coli chat` \
+                         and `coli run` take it by default"
+            .to_string(),
     };
-    Ok((ctx, why))
+    (choice.ctx, why)
+}
+
+/// The KV cache types the longest-context table compares: f32, f16, q8,
+/// and the chosen pair when it mixes two.
+fn table_types(chosen: KvTypes) -> Vec<KvTypes> {
+    let mut types: Vec<KvTypes> = [KvType::F32, KvType::F16, KvType::Q8]
+        .into_iter()
+        .map(KvTypes::both)
+        .collect();
+    if chosen.k != chosen.v {
+        types.push(chosen);
+    }
+    types
 }
 
 /// Bytes per second at which this machine multiplies decoded experts for
@@ -158,8 +186,6 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
     let ck = Checkpoint::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     let shape = ModelShape::load(dir).with_context(|| format!("reading {}", dir.display()))?;
     let (map, _) = shape.expert_map(&ck, LoadOptions::default())?;
-    let (ctx, ctx_source) = planned_context(args.ctx, shape.max_positions())?;
-
     let (budget_bytes, budget_source) = match args.ram_gb {
         Some(g) if !(g.is_finite() && g > 0.0) => {
             return Err(super::usage(format!(
@@ -173,6 +199,19 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
         },
     };
     let kv_types = args.kv.types();
+    let slots = args.kv_slots.max(1);
+    let choice = super::fit::context_for(&ck, &shape, budget_bytes, args.ctx, slots, kv_types)?;
+    let (ctx, ctx_source) = planned_context(&choice, args.ctx);
+    let mut longest_ctx = Vec::new();
+    for s in TABLE_SLOTS {
+        for t in table_types(kv_types) {
+            longest_ctx.push(LongestCtx {
+                slots: s,
+                kv_type: t.to_string(),
+                ctx: super::fit::longest_context(&ck, &shape, budget_bytes, s, t)?,
+            });
+        }
+    }
     let f = fit(&ck, &shape, budget_bytes, ctx, args.kv_slots, kv_types)?;
     let (dense_bytes, expert_bytes, experts, kv_bytes, cache_bytes) = (
         f.dense_bytes,
@@ -255,6 +294,8 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
         tok_per_s_low: low,
         tok_per_s_high: high,
         flags,
+        longest_ctx,
+        position_limit: shape.position_limit(),
     })
 }
 
@@ -334,7 +375,37 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         "expected     {:.2} .. {:.2} tok/s decode (kernel pace, no overlap .. memory roofline, full overlap)",
         p.tok_per_s_low, p.tok_per_s_high
     )?;
+    write_longest(&mut out, &p, args.kv.types())?;
     writeln!(out, "flags        {}", p.flags.join(" "))?;
+    Ok(())
+}
+
+/// The longest-context table: one row per slot count, one column per KV
+/// cache type, the chosen type starred.
+fn write_longest(out: &mut dyn Write, p: &Plan, chosen: KvTypes) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "longest      context per slot the budget holds, by slots and KV cache type (* = the chosen; at most {} positions):",
+        p.position_limit
+    )?;
+    let types = table_types(chosen);
+    let header: Vec<String> = types
+        .iter()
+        .map(|t| {
+            let star = if *t == chosen { "*" } else { "" };
+            format!("{:>12}", format!("{t}{star}"))
+        })
+        .collect();
+    writeln!(out, "             {:>7}{}", "slots", header.concat())?;
+    for s in TABLE_SLOTS {
+        let cells: Vec<String> = p
+            .longest_ctx
+            .iter()
+            .filter(|c| c.slots == s)
+            .map(|c| format!("{:>12}", c.ctx))
+            .collect();
+        writeln!(out, "             {s:>7}{}", cells.concat())?;
+    }
     Ok(())
 }
 
@@ -343,22 +414,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_planned_context_is_the_models_capped_as_serve_caps_it() {
-        let (ctx, why) = planned_context(None, 1024).unwrap();
+    fn the_planned_context_says_where_it_came_from() {
+        let own = ContextChoice {
+            ctx: 1024,
+            capped: None,
+        };
+        let (ctx, why) = planned_context(&own, None);
         assert_eq!(ctx, 1024);
         assert!(why.contains("the model's own context"), "{why}");
-        let (ctx, why) = planned_context(None, 202_752).unwrap();
-        assert_eq!(ctx, DEFAULT_CTX_CAP);
-        assert!(
-            why.contains("202752") && why.contains(&DEFAULT_CTX_CAP.to_string()),
-            "{why}"
-        );
+        assert_eq!(planned_context(&own, Some(1024)), (1024, "--ctx".to_string()));
+        let capped = ContextChoice {
+            ctx: 300,
+            capped: Some("context 300 of the model's 1024 positions".into()),
+        };
         assert_eq!(
-            planned_context(Some(64), 1024).unwrap(),
-            (64, "--ctx".to_string())
+            planned_context(&capped, None).1,
+            "context 300 of the model's 1024 positions"
         );
-        let (ctx, why) = planned_context(Some(5000), 1024).unwrap();
-        assert_eq!(ctx, 1024);
-        assert!(why.contains("--ctx 5000") && why.contains("1024"), "{why}");
+    }
+
+    #[test]
+    fn the_table_compares_the_three_types_and_a_mixed_choice() {
+        assert_eq!(table_types(KvTypes::both(KvType::F16)).len(), 3);
+        let mixed = KvTypes {
+            k: KvType::F16,
+            v: KvType::Q8,
+        };
+        assert_eq!(table_types(mixed).last(), Some(&mixed));
     }
 }

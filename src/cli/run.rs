@@ -31,6 +31,11 @@ pub struct RunArgs {
     pub prompt_ids: Option<String>,
     #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = limits::max_tokens)]
     pub max_tokens: usize,
+    /// Context length the KV cache is sized for (default: the model's
+    /// max_position_embeddings, as far as the memory budget holds it; more
+    /// is refused).
+    #[arg(long, allow_negative_numbers = true, value_parser = limits::context)]
+    pub ctx: Option<usize>,
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = limits::temperature)]
     pub temperature: f32,
@@ -123,9 +128,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         )));
     }
     let dir = args.model.resolve()?;
-    let mut engine =
-        Engine::load_with_progress(&dir, &args.engine.options(), crate::progress::load_progress())
-            .with_context(|| format!("loading {}", dir.display()))?;
+    let mut opts = args.engine.options();
+    opts.max_ctx = args.ctx;
+    let mut engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
+        .with_context(|| format!("loading {}", dir.display()))?;
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let prompt = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => parse_ids(ids)?,
@@ -144,7 +150,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // The context rule of every front end: the prompt must fit, the reply
     // stops at the context's end.
-    let ctx = engine.model.max_positions();
+    let ctx = super::serve::engine_context("run", &engine);
     if !limits::fits_context(prompt.len(), ctx) {
         let e = crate::runtime::RequestError::ContextExceeded {
             used: prompt.len(),

@@ -19,10 +19,6 @@ use crate::serve::{LoopServer, MAX_KV_SLOTS, ServeConfig, run_serve};
 /// Concurrent requests of `--http` when --kv-slots is not given.
 const HTTP_DEFAULT_SLOTS: usize = 4;
 
-/// Upper bound of the default context, so a model advertising a huge
-/// window does not reserve memory for it unless asked (`--ctx`).
-pub const DEFAULT_CTX_CAP: usize = 8192;
-
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -84,7 +80,9 @@ pub struct ServeArgs {
     /// --http, what a request that names no limit gets.
     #[arg(long, default_value_t = 256, allow_negative_numbers = true, value_parser = limits::max_tokens)]
     pub max_tokens: usize,
-    /// Context length per slot (default: the model's, at most 8192).
+    /// Context length per slot (default: the model's max_position_embeddings,
+    /// as far as the memory budget holds the KV cache of the slots; more
+    /// than the model's, or more than fits, is refused).
     #[arg(long, allow_negative_numbers = true, value_parser = limits::context)]
     pub ctx: Option<usize>,
     /// Top-k cut for sampling (0 = none).
@@ -107,17 +105,13 @@ pub struct ServeArgs {
     pub engine: EngineArgs,
 }
 
-/// The context length: `--ctx` (checked by [`limits::context`]) capped by
-/// the model, else the model's capped default.
-pub fn context_len(requested: Option<usize>, model_max: usize) -> usize {
-    match requested {
-        Some(n) if n > model_max => {
-            diag!("coli: --ctx {n} exceeds the model's {model_max} positions; using {model_max}");
-            model_max
-        }
-        Some(n) => n,
-        None => model_max.min(DEFAULT_CTX_CAP),
+/// The context the engine sized its KV cache for, saying on stderr when
+/// the budget held the default below the model's positions.
+pub fn engine_context(command: &str, engine: &Engine) -> usize {
+    if let Some(note) = &engine.memory.ctx_capped {
+        diag!("coli {command}: {note}");
     }
+    engine.context()
 }
 
 /// `--prompt-cache-mb` as the engine's option.
@@ -172,11 +166,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mut opts = args.engine.options();
     opts.kv_slots = kv_slots;
-    opts.max_ctx = Some(args.ctx.unwrap_or(DEFAULT_CTX_CAP));
+    opts.max_ctx = args.ctx;
     opts.prompt_cache = prompt_cache_size(args.prompt_cache_mb);
     let engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
         .with_context(|| format!("loading {}", dir.display()))?;
-    let max_ctx = context_len(args.ctx, engine.model.max_positions());
+    let max_ctx = engine_context("serve", &engine);
     let state_dir = state_dir(&args, engine.state_fingerprint())?;
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
     let loop_cfg = LoopConfig {

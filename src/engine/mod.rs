@@ -1,6 +1,7 @@
 //! A loaded model plus what running it needs: the expert source, the
 //! tokenizer, stop ids, and the generation loop over a conversation's state.
 
+pub mod context;
 mod generate;
 mod options;
 pub mod profile;
@@ -16,7 +17,7 @@ pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use colibri_actors::cache::{default_ram_budget, memory_headroom};
+use colibri_actors::cache::memory_headroom;
 use colibri_actors::{
     ExpertMap, ExpertSource, MappedSource, PipelineConfig, PipelineProfile, PipelineSource, Predictor,
     SimSpec, SourceStats, Tag,
@@ -42,6 +43,9 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error("invalid option: {0}")]
     Option(String),
+    /// `--ctx` beyond the model's positions or the budget.
+    #[error(transparent)]
+    Context(#[from] context::ContextError),
     #[error(transparent)]
     Forward(#[from] crate::model::lm::ForwardError),
     #[error(transparent)]
@@ -76,6 +80,32 @@ pub fn streamed_transient_bytes(map: &ExpertMap, io_workers: usize, top_k: usize
     colibri_actors::pipeline::transient_expert_buffers(io_workers, top_k) as u64 * map.max_expert_bytes()
 }
 
+/// The least expert cache a placement needs, which the default context
+/// leaves it: a streamed pipeline's transient buffers plus one layer's
+/// routed experts (fewer and a layer evicts its own experts); nothing for
+/// `--placement mapped`, whose experts are served from the page cache.
+pub fn least_expert_cache_bytes(
+    map: &ExpertMap,
+    placement: Placement,
+    io_workers: usize,
+    top_k: usize,
+) -> u64 {
+    match placement {
+        Placement::Mapped => 0,
+        Placement::Auto | Placement::Streamed => {
+            streamed_transient_bytes(map, io_workers, top_k) + top_k.max(1) as u64 * map.max_expert_bytes()
+        }
+    }
+}
+
+/// How the KV cache is sized: per position of one slot, and the context
+/// it is for ([`context::choose_context`] picks it once the budget is known).
+#[derive(Clone, Copy, Debug)]
+pub struct KvSizing {
+    pub per_position: u64,
+    pub request: context::ContextRequest,
+}
+
 /// Activations, scratch buffers and I/O buffers in flight.
 pub const WORKING_SET_BYTES: u64 = 256 << 20;
 
@@ -88,6 +118,12 @@ pub struct MemoryPlan {
     pub cache_budget: Option<u64>,
     /// Where the total came from (`--ram-gb`, a cgroup limit, MemAvailable).
     pub source: String,
+    /// Positions per slot the KV cache is sized for (`--ctx`, else the
+    /// model's as the budget allows).
+    pub ctx: usize,
+    /// Set when the budget held the default context below the model's
+    /// positions: the sentence saying so.
+    pub ctx_capped: Option<String>,
 }
 
 impl MemoryPlan {
@@ -155,6 +191,7 @@ impl SourceFactory<'_> {
         predictor: Option<Arc<dyn Predictor>>,
         top_k: usize,
         mut needs: MemoryNeeds,
+        kv: KvSizing,
     ) -> Result<Built, EngineError> {
         let o = self.opts;
         let disk_sim = match &o.disk_sim {
@@ -164,19 +201,48 @@ impl SourceFactory<'_> {
             ),
             None => None,
         };
-        let mut source = String::from("--ram-gb");
-        let mut ram_budget_bytes = match o.ram_gb {
+        // The budget's total, and what it must hold besides the KV cache,
+        // the prompt cache, the working set and the expert cache: the dense
+        // weights under --ram-gb; nothing under the default, which is
+        // measured after they loaded (a cgroup's usage and MemAvailable
+        // already count them).
+        let (total, fixed, source) = match o.ram_gb {
             Some(g) if !(g.is_finite() && g > 0.0) => {
                 return Err(EngineError::Option(format!(
                     "--ram-gb must be a positive number, got {g}"
                 )));
             }
-            Some(g) => {
-                let total = (g * (1u64 << 30) as f64) as u64;
-                needs.prompt_cache_bytes = o.prompt_cache.bytes(needs.kv_bytes, Some(total));
+            Some(g) => (
+                Some((g * (1u64 << 30) as f64) as u64),
+                needs.dense_bytes,
+                String::from("--ram-gb"),
+            ),
+            None => match memory_headroom() {
+                // 90% of the headroom left after the dense weights loaded.
+                Some(h) => (Some(h.bytes / 10 * 9), 0, format!("90% of {h}")),
+                None => (None, 0, "no readable memory limit".into()),
+            },
+        };
+        let least = least_expert_cache_bytes(&map, o.placement, o.io_workers, top_k);
+        let kv_at = |ctx: usize| kv.per_position * ctx as u64 * kv.request.slots.max(1) as u64;
+        let fits = |ctx: usize| {
+            total.is_some_and(|t| {
+                let k = kv_at(ctx);
+                fixed + k + o.prompt_cache.bytes(k, Some(t)) + WORKING_SET_BYTES + least <= t
+            })
+        };
+        let budget = total.map(|t| context::ContextBudget {
+            room: t.saturating_sub(fixed + WORKING_SET_BYTES + least),
+            fits: &fits,
+        });
+        let chosen = context::choose_context(&kv.request, budget.as_ref())?;
+        needs.kv_bytes = kv_at(chosen.ctx);
+        needs.prompt_cache_bytes = o.prompt_cache.bytes(needs.kv_bytes, total);
+        let mut ram_budget_bytes = match (o.ram_gb, total) {
+            (Some(g), Some(total)) => {
                 let others =
                     needs.dense_bytes + needs.kv_bytes + needs.prompt_cache_bytes + WORKING_SET_BYTES;
-                let budget = default_ram_budget(Some(g), others).unwrap_or(0);
+                let budget = total.saturating_sub(others);
                 if budget == 0 {
                     return Err(EngineError::Option(format!(
                         "--ram-gb {g}: the dense weights, KV cache, prompt cache and working set alone need {:.2} GB",
@@ -185,21 +251,10 @@ impl SourceFactory<'_> {
                 }
                 Some(budget)
             }
-            None => match memory_headroom() {
-                // 90% of the headroom left after the dense weights loaded
-                // (a cgroup's usage and MemAvailable already count them).
-                Some(h) => {
-                    source = format!("90% of {h}");
-                    let usable = h.bytes / 10 * 9;
-                    needs.prompt_cache_bytes = o.prompt_cache.bytes(needs.kv_bytes, Some(usable));
-                    Some(usable.saturating_sub(needs.kv_bytes + needs.prompt_cache_bytes + WORKING_SET_BYTES))
-                }
-                None => {
-                    source = "no readable memory limit".into();
-                    needs.prompt_cache_bytes = o.prompt_cache.bytes(needs.kv_bytes, None);
-                    None
-                }
-            },
+            (None, Some(usable)) => {
+                Some(usable.saturating_sub(needs.kv_bytes + needs.prompt_cache_bytes + WORKING_SET_BYTES))
+            }
+            _ => None,
         };
         let placement = self.placement(&map, ram_budget_bytes);
         if placement == Placement::Streamed
@@ -222,6 +277,8 @@ impl SourceFactory<'_> {
             needs,
             cache_budget: ram_budget_bytes,
             source,
+            ctx: chosen.ctx,
+            ctx_capped: chosen.capped,
         };
         tracing::info!(?placement, budget = ?ram_budget_bytes, "expert placement");
         let tap = Arc::new(UsageTap::new(
@@ -283,13 +340,6 @@ impl SourceFactory<'_> {
 /// A built expert source (counting into its usage tap) and its memory plan.
 pub type Built = (Arc<dyn ExpertSource<ExpertWeights>>, MemoryPlan, Arc<UsageTap>);
 
-/// The KV cache at full context for every slot: `per_position` bytes times
-/// the served context (`--ctx`, at most the model's) times the slots.
-fn kv_bytes(per_position: u64, model_max: usize, opts: &EngineOptions) -> u64 {
-    let ctx = opts.max_ctx.map_or(model_max, |c| c.min(model_max));
-    per_position * ctx as u64 * opts.kv_slots.max(1) as u64
-}
-
 /// A loaded model, its stop ids, how its memory was planned and its usage tap.
 type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan, Arc<UsageTap>);
 
@@ -310,11 +360,16 @@ fn load_family(
         int8_acts: opts.int8_acts,
     };
     let factory = SourceFactory { opts };
-    let kv = kv_bytes(
-        config.kv_bytes_per_position(opts.kv_types),
-        config.max_positions(),
-        opts,
-    );
+    let kv = KvSizing {
+        per_position: config.kv_bytes_per_position(opts.kv_types),
+        request: context::ContextRequest {
+            requested: opts.max_ctx,
+            declared: config.max_positions(),
+            limit: config.position_limit(),
+            slots: opts.kv_slots,
+            kv: opts.kv_types,
+        },
+    };
     let mut ck = Checkpoint::open(dir).map_err(ModelError::from)?;
     if let Some(p) = &progress {
         ck = ck.with_progress(p.clone());
@@ -325,12 +380,18 @@ fn load_family(
     }
     let needs = MemoryNeeds {
         dense_bytes: family.dense_bytes,
-        kv_bytes: kv,
+        kv_bytes: 0,
         prompt_cache_bytes: 0,
         transient_bytes: 0,
     };
-    let (source, plan, tap) =
-        factory.build(family.map, family.codec, family.predictor, family.top_k, needs)?;
+    let (source, plan, tap) = factory.build(
+        family.map,
+        family.codec,
+        family.predictor,
+        family.top_k,
+        needs,
+        kv,
+    )?;
     let stops = stop_ids(dir, family.eos_ids);
     let mut model = (family.finish)(source);
     if !model.set_kv_types(opts.kv_types) {
@@ -400,6 +461,13 @@ impl Engine {
     /// conversation state files must carry.
     pub fn state_fingerprint(&self) -> u64 {
         self.state_fingerprint
+    }
+
+    /// Positions per slot the KV cache was sized for: `--ctx`, else the
+    /// model's `max_position_embeddings` as far as the budget allows
+    /// ([`MemoryPlan::ctx_capped`] says when it did not).
+    pub fn context(&self) -> usize {
+        self.memory.ctx
     }
 
     /// This engine's expert fetch counts and pins.

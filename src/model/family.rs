@@ -49,8 +49,16 @@ pub(crate) trait FamilyConfig: Send + Sync + std::fmt::Debug {
     /// plain KV cache may ignore it).
     fn kv_bytes_per_position(&self, kv: KvTypes) -> u64;
 
-    /// Positions the model supports.
+    /// Positions the model was configured for (`max_position_embeddings`):
+    /// the default context.
     fn max_positions(&self) -> usize;
+
+    /// The longest context an explicit `--ctx` may ask for: more than
+    /// [`Self::max_positions`] only when the config declares a RoPE
+    /// scaling that stretches the model beyond it.
+    fn position_limit(&self) -> usize {
+        self.max_positions()
+    }
 
     /// The counts `coli bench` sizes its prompt and passes from.
     fn shape(&self) -> ShapeFacts;
@@ -187,9 +195,16 @@ impl ModelConfig {
         self.config.kv_bytes_per_position(kv)
     }
 
-    /// Positions the model supports.
+    /// Positions the model was configured for (`max_position_embeddings`).
     pub fn max_positions(&self) -> usize {
         self.config.max_positions()
+    }
+
+    /// The longest context the model may be asked to run: its
+    /// `max_position_embeddings`, or what a declared RoPE scaling extends
+    /// it to (factor times the pre-scaling context) when that is more.
+    pub fn position_limit(&self) -> usize {
+        self.config.position_limit()
     }
 
     /// The counts a benchmark needs.

@@ -107,6 +107,37 @@ impl Rope {
         }
     }
 
+    /// The tables for a config's `rope_scaling` (plain RoPE when `None`).
+    pub fn scaled(dim: usize, theta: f64, scaling: Option<&crate::model::moe_decoder::RopeScaling>) -> Self {
+        use crate::model::moe_decoder::RopeScaling;
+        match scaling {
+            None => Self::new(dim, theta),
+            Some(RopeScaling::Yarn(y)) => Self::yarn(dim, theta, y),
+            Some(RopeScaling::Linear { factor, .. }) => Self::linear(dim, theta, *factor),
+        }
+    }
+
+    /// Linear scaling (transformers' `_compute_linear_scaling_rope_parameters`):
+    /// the default frequencies divided by `factor` in f32, so position `p`
+    /// rotates as `p / factor` did.
+    pub fn linear(dim: usize, theta: f64, factor: f64) -> Self {
+        let factor = factor as f32;
+        Self {
+            inv_freq: base_freqs(dim, theta).iter().map(|p| 1.0 / p / factor).collect(),
+            scale: 1.0,
+        }
+    }
+
+    /// The inverse frequency of each rotated pair (transformers' `inv_freq`).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// What cos and sin are multiplied by (transformers' `attention_scaling`).
+    pub fn attention_scale(&self) -> f32 {
+        self.scale
+    }
+
     /// YaRN (transformers' `_compute_yarn_parameters`): frequencies blend
     /// from extrapolated (high frequencies) to interpolated by `factor`
     /// (low frequencies) over a linear ramp between the correction
@@ -214,5 +245,151 @@ mod tests {
         let n0: f32 = orig.iter().map(|x| x * x).sum();
         let n1: f32 = v.iter().map(|x| x * x).sum();
         assert!((n0 - n1).abs() < 1e-3);
+    }
+
+    /// Expected values from transformers 4.57.1 and 5.23.0 (identical),
+    /// printed by tools/rope_scaling_oracle.py: head_dim 128, theta 1e6,
+    /// inv_freq at pairs IDX and `cos(p * inv_freq) * attention_factor` at
+    /// long positions.
+    const IDX: [usize; 8] = [0, 1, 7, 20, 31, 40, 50, 63];
+
+    fn check(rope: &Rope, att: f64, inv: [f64; 8], cos: &[(usize, [f64; 8])]) {
+        assert!(
+            (rope.attention_scale() as f64 - att).abs() < 1e-6,
+            "{}",
+            rope.attention_scale()
+        );
+        for (k, &i) in IDX.iter().enumerate() {
+            let got = rope.inv_freq()[i] as f64;
+            assert!(
+                (got - inv[k]).abs() <= inv[k] * 2e-7,
+                "inv_freq[{i}] {got} vs {}",
+                inv[k]
+            );
+        }
+        for (pos, want) in cos {
+            // What apply_half multiplies by: the f32 angle's cos, scaled.
+            for (k, &i) in IDX.iter().enumerate() {
+                let angle = *pos as f32 * rope.inv_freq()[i];
+                let got = (angle.cos() * rope.attention_scale()) as f64;
+                assert!(
+                    (got - want[k]).abs() < 2e-6,
+                    "pos {pos} pair {i}: {got} vs {}",
+                    want[k]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn yarn_matches_transformers_at_qwen3s_128k() {
+        let cfg = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        let path = std::path::Path::new("c.json");
+        let scaling = crate::model::moe_decoder::parse_rope(path, Some(&cfg), 40960)
+            .unwrap()
+            .unwrap();
+        let rope = Rope::scaled(128, 1e6, Some(&scaling));
+        check(
+            &rope,
+            1.138629436111989,
+            [
+                1.0,
+                0.8058422207832336,
+                0.22067339718341827,
+                0.01333521492779255,
+                0.000802959781140089,
+                4.4456985051510856e-05,
+                5.133812464919174e-06,
+                3.102344408034696e-07,
+            ],
+            &[
+                (
+                    40000,
+                    [
+                        0.3673075735569,
+                        0.6634072065353394,
+                        0.6717249751091003,
+                        0.8979831337928772,
+                        0.8690599799156189,
+                        -0.2345549613237381,
+                        1.1147059202194214,
+                        1.1385416984558105,
+                    ],
+                ),
+                (
+                    131071,
+                    [
+                        -0.9313800930976868,
+                        -0.6717970371246338,
+                        -0.8247317671775818,
+                        0.4811994731426239,
+                        0.001582070253789425,
+                        1.0222034454345703,
+                        0.8904324769973755,
+                        1.1376882791519165,
+                    ],
+                ),
+            ],
+        );
+        assert_eq!(scaling.extended_positions(40960), 131072);
+    }
+
+    #[test]
+    fn linear_matches_transformers_at_long_positions() {
+        let cfg = serde_json::json!({"rope_type": "linear", "factor": 2.0});
+        let path = std::path::Path::new("c.json");
+        let scaling = crate::model::moe_decoder::parse_rope(path, Some(&cfg), 32768)
+            .unwrap()
+            .unwrap();
+        let rope = Rope::scaled(128, 1e6, Some(&scaling));
+        check(
+            &rope,
+            1.0,
+            [
+                0.5,
+                0.4029211103916168,
+                0.11033669859170914,
+                0.006667607463896275,
+                0.0006204689270816743,
+                8.891397010302171e-05,
+                1.0267624929838348e-05,
+                6.204688816069392e-07,
+            ],
+            &[
+                (
+                    40000,
+                    [
+                        0.8131996989250183,
+                        0.8895607590675354,
+                        -0.8916113972663879,
+                        -0.9456883072853088,
+                        0.9511108994483948,
+                        -0.9151299595832825,
+                        0.916839599609375,
+                        0.9996920228004456,
+                    ],
+                ),
+                (
+                    131071,
+                    [
+                        -0.3016757369041443,
+                        0.4527665078639984,
+                        -0.37126827239990234,
+                        0.8433898687362671,
+                        0.9373250007629395,
+                        0.6119065880775452,
+                        0.22311459481716156,
+                        0.9966949224472046,
+                    ],
+                ),
+            ],
+        );
+        // No original context named: the declared one is taken as the scaled length.
+        assert_eq!(scaling.extended_positions(32768), 32768);
+        let named = serde_json::json!({"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 32768});
+        let s = crate::model::moe_decoder::parse_rope(path, Some(&named), 32768)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.extended_positions(32768), 65536);
     }
 }

@@ -72,4 +72,10 @@ impl ModelShape {
     pub fn max_positions(&self) -> usize {
         self.family.max_positions()
     }
+
+    /// The longest context an explicit `--ctx` may ask for (a declared
+    /// RoPE scaling may extend it past [`Self::max_positions`]).
+    pub fn position_limit(&self) -> usize {
+        self.family.position_limit()
+    }
 }

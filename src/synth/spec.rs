@@ -1258,7 +1258,7 @@ mod tests {
                     assert_eq!(cfg.sliding_window, Some(*sliding_window));
                     let alternating: Vec<bool> = (0..s.layers).map(|l| l % 2 == 0).collect();
                     assert_eq!(cfg.sliding_layers, alternating, "{p}: sliding first");
-                    let yarn = cfg.yarn.unwrap();
+                    let yarn = *cfg.rope_scaling.as_ref().and_then(|r| r.yarn()).unwrap();
                     assert_eq!((yarn.factor, yarn.beta_fast, yarn.beta_slow), (32.0, 32.0, 1.0));
                     assert_eq!(yarn.original_max_position_embeddings, 4096);
                     assert!(!yarn.truncate);

@@ -60,6 +60,53 @@ pub struct Yarn {
     pub attention_factor: f64,
 }
 
+/// The RoPE scaling a config declares in `rope_scaling` (transformers 5's
+/// `rope_parameters` is read into it by `crate::config::spelling`), with
+/// the exact arithmetic of transformers' `ROPE_INIT_FUNCTIONS` for it
+/// ([`crate::model::ops::Rope::scaled`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// `yarn` (`_compute_yarn_parameters`).
+    Yarn(Yarn),
+    /// `linear` (`_compute_linear_scaling_rope_parameters`): `inv_freq /
+    /// factor`, i.e. every position divided by `factor`.
+    Linear {
+        factor: f64,
+        /// The pre-scaling context, when the config names it
+        /// (`original_max_position_embeddings`): transformers ignores it,
+        /// it only says how far the scaling extends the model.
+        original_max_position_embeddings: Option<usize>,
+    },
+}
+
+impl RopeScaling {
+    /// The YaRN parameters, for YaRN scaling.
+    pub fn yarn(&self) -> Option<&Yarn> {
+        match self {
+            Self::Yarn(y) => Some(y),
+            Self::Linear { .. } => None,
+        }
+    }
+
+    /// Positions the scaling stretches the model to: `factor` times the
+    /// pre-scaling context (YaRN's `original_max_position_embeddings`;
+    /// linear's when the config names it, else no extension is claimed,
+    /// since `max_position_embeddings` may already be the scaled length),
+    /// never fewer than `max_pos`.
+    pub fn extended_positions(&self, max_pos: usize) -> usize {
+        let (factor, original) = match *self {
+            Self::Yarn(y) => (y.factor, Some(y.original_max_position_embeddings)),
+            Self::Linear {
+                factor,
+                original_max_position_embeddings,
+            } => (factor, original_max_position_embeddings),
+        };
+        let scaled = original.map_or(0.0, |o| (o as f64 * factor).floor());
+        // `as` saturates, and COUNT_LIMIT bounds what the caller accepts.
+        max_pos.max((scaled as usize).min(COUNT_LIMIT))
+    }
+}
+
 /// The fields of a Qwen3-MoE or Mixtral `config.json` the engine uses, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeDecoderConfig {
@@ -96,7 +143,8 @@ pub struct MoeDecoderConfig {
     pub qk_norm: bool,
     /// Leading dimensions of each head RoPE rotates (`partial_rotary_factor`).
     pub rotary_dim: usize,
-    pub yarn: Option<Yarn>,
+    /// `rope_scaling` (`None`: plain RoPE).
+    pub rope_scaling: Option<RopeScaling>,
     pub router: RouterChoice,
     /// Rows of the always-on shared expert's gate/up (0: none).
     pub shared_intermediate: usize,
@@ -254,7 +302,7 @@ impl MoeDecoderConfig {
                     ));
                 }
                 check_act(path, j.hidden_act.as_deref())?;
-                check_rope(path, j.rope_scaling.as_ref())?;
+                let rope_scaling = parse_rope(path, j.rope_scaling.as_ref(), j.max_position_embeddings)?;
                 let heads = j.num_attention_heads;
                 let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
                 Self {
@@ -283,7 +331,7 @@ impl MoeDecoderConfig {
                     o_bias: false,
                     qk_norm: true,
                     rotary_dim: head_dim,
-                    yarn: None,
+                    rope_scaling,
                     router: RouterChoice::Softmax,
                     shared_intermediate: 0,
                     first_k_dense_replace: 0,
@@ -296,7 +344,7 @@ impl MoeDecoderConfig {
             "mixtral" => {
                 let j: MixtralJson = serde_json::from_value(value).map_err(json)?;
                 check_act(path, j.hidden_act.as_deref())?;
-                check_rope(path, j.rope_scaling.as_ref())?;
+                let rope_scaling = parse_rope(path, j.rope_scaling.as_ref(), j.max_position_embeddings)?;
                 let heads = j.num_attention_heads;
                 let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
                 Self {
@@ -326,7 +374,7 @@ impl MoeDecoderConfig {
                     o_bias: false,
                     qk_norm: false,
                     rotary_dim: head_dim,
-                    yarn: None,
+                    rope_scaling,
                     router: RouterChoice::Softmax,
                     shared_intermediate: 0,
                     first_k_dense_replace: 0,
@@ -475,39 +523,12 @@ impl MoeDecoderConfig {
                 format!("must be positive and finite, got {limit}"),
             );
         }
-        if let Some(y) = &self.yarn {
-            for (v, what) in [
-                (y.factor, "factor"),
-                (y.beta_fast, "beta_fast"),
-                (y.beta_slow, "beta_slow"),
-                (y.attention_factor, "attention_factor"),
-            ] {
-                if !(v.is_finite() && v > 0.0 && v < 1e9) {
-                    return bad(
-                        "rope_scaling",
-                        format!("yarn {what} must be positive and finite, got {v}"),
-                    );
-                }
-            }
-            if y.factor < 1.0 {
-                return bad(
-                    "rope_scaling",
-                    format!("yarn factor must be at least 1, got {}", y.factor),
-                );
-            }
-            if self.rope_theta <= 1.0 + 1e-6 {
-                return bad(
-                    "rope_theta",
-                    format!("must exceed 1 with YaRN scaling, got {}", self.rope_theta),
-                );
-            }
-            let orig = y.original_max_position_embeddings;
-            if orig == 0 || orig > COUNT_LIMIT {
-                return bad(
-                    "rope_scaling",
-                    format!("yarn original_max_position_embeddings must be in 1..={COUNT_LIMIT}, got {orig}"),
-                );
-            }
+        if let Some(scaling) = &self.rope_scaling {
+            check_scaling(scaling, self.rope_theta).map_err(|reason| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field: "rope_scaling",
+                reason,
+            })?;
         }
         if self.num_experts_per_tok > self.num_experts {
             return bad(
@@ -641,15 +662,133 @@ pub(super) fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigErro
     }
 }
 
-/// Only plain RoPE is implemented: a scaling type is refused by name.
-pub(super) fn check_rope(path: &Path, scaling: Option<&serde_json::Value>) -> Result<(), ConfigError> {
-    match crate::config::rope_kind(scaling) {
-        Some(kind) if kind != "default" => Err(ConfigError::Invalid {
-            path: path.to_path_buf(),
-            field: "rope_scaling",
-            reason: crate::config::unsupported_rope(&kind, "only plain RoPE"),
-        }),
-        _ => Ok(()),
+/// What [`MoeDecoderConfig::validate`] requires of a scaling: finite
+/// positive parameters, a factor of at least 1, and (YaRN) a theta above
+/// 1 and an original context in range.
+fn check_scaling(scaling: &RopeScaling, rope_theta: f64) -> Result<(), String> {
+    let positive = |v: f64, what: &str| {
+        if v.is_finite() && v > 0.0 && v < 1e9 {
+            Ok(())
+        } else {
+            Err(format!("{what} must be positive and finite, got {v}"))
+        }
+    };
+    let factor = match scaling {
+        RopeScaling::Yarn(y) => {
+            for (v, what) in [
+                (y.factor, "yarn factor"),
+                (y.beta_fast, "yarn beta_fast"),
+                (y.beta_slow, "yarn beta_slow"),
+                (y.attention_factor, "yarn attention_factor"),
+            ] {
+                positive(v, what)?;
+            }
+            if rope_theta <= 1.0 + 1e-6 {
+                return Err(format!("yarn needs rope_theta above 1, got {rope_theta}"));
+            }
+            let orig = y.original_max_position_embeddings;
+            if orig == 0 || orig > COUNT_LIMIT {
+                return Err(format!(
+                    "yarn original_max_position_embeddings must be in 1..={COUNT_LIMIT}, got {orig}"
+                ));
+            }
+            y.factor
+        }
+        RopeScaling::Linear { factor, .. } => {
+            positive(*factor, "linear factor")?;
+            *factor
+        }
+    };
+    if factor < 1.0 {
+        return Err(format!("the factor must be at least 1, got {factor}"));
+    }
+    Ok(())
+}
+
+/// `rope_scaling` of a Qwen3-MoE, Mixtral, GLM-4.x or gpt-oss config:
+/// absent, `null` or `default` is plain RoPE; `yarn` and `linear` are read
+/// as transformers reads them (its defaults for what is left out);
+/// anything else is refused by name. `dynamic` (NTK) is refused too:
+/// transformers recomputes its frequencies from the longest position of
+/// each forward call and keeps the largest seen, so its keys depend on how
+/// a prompt was split into calls, which no KV cache here reproduces.
+pub(crate) fn parse_rope(
+    path: &Path,
+    scaling: Option<&serde_json::Value>,
+    max_pos: usize,
+) -> Result<Option<RopeScaling>, ConfigError> {
+    let bad = |reason: String| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        field: "rope_scaling",
+        reason,
+    };
+    let get = |k: &str| scaling.and_then(|s| s.get(k)).filter(|v| !v.is_null());
+    let num = |k: &str| -> Result<Option<f64>, ConfigError> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| bad(format!("{k} must be a number, got {v}"))),
+        }
+    };
+    // transformers: `get(..) or default`, so 0 also means the default.
+    let original = || -> Result<Option<usize>, ConfigError> {
+        match get("original_max_position_embeddings") {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(0) => Ok(None),
+                Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+                None => Err(bad(format!(
+                    "original_max_position_embeddings must be a non-negative integer, got {v}"
+                ))),
+            },
+        }
+    };
+    let kind = crate::config::rope_kind(scaling);
+    let needs_factor = |what: &str| bad(format!("{what} needs a factor"));
+    match kind.as_deref() {
+        None | Some("default") => Ok(None),
+        Some("linear") => Ok(Some(RopeScaling::Linear {
+            factor: num("factor")?.ok_or_else(|| needs_factor("linear"))?,
+            original_max_position_embeddings: original()?,
+        })),
+        Some("yarn") => {
+            let factor = num("factor")?.ok_or_else(|| needs_factor("yarn"))?;
+            let mscale_of = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
+            let attention_factor = match (num("attention_factor")?, num("mscale")?, num("mscale_all_dim")?) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    mscale_of(factor, m) / mscale_of(factor, all)
+                }
+                _ => mscale_of(factor, 1.0),
+            };
+            let or = |v: Option<f64>, d: f64| v.filter(|&x| x != 0.0).unwrap_or(d);
+            let truncate = match get("truncate") {
+                None => true,
+                Some(v) => v
+                    .as_bool()
+                    .ok_or_else(|| bad(format!("yarn truncate must be true or false, got {v}")))?,
+            };
+            Ok(Some(RopeScaling::Yarn(Yarn {
+                factor,
+                original_max_position_embeddings: original()?.unwrap_or(max_pos),
+                beta_fast: or(num("beta_fast")?, 32.0),
+                beta_slow: or(num("beta_slow")?, 1.0),
+                truncate,
+                attention_factor,
+            })))
+        }
+        Some(other) => Err(bad(crate::config::unsupported_rope(
+            other,
+            "default, linear or yarn; dynamic NTK depends on how the prompt is split into forward calls",
+        ))),
     }
 }
 
@@ -705,12 +844,23 @@ mod tests {
             (
                 qwen(),
                 "rope_scaling",
-                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+                serde_json::json!({"rope_type": "dynamic", "factor": 4.0}),
             ),
             (
                 mixtral(),
                 "rope_scaling",
-                serde_json::json!({"type": "linear", "factor": 2.0}),
+                serde_json::json!({"type": "longrope", "factor": 2.0}),
+            ),
+            (qwen(), "rope_scaling", serde_json::json!({"rope_type": "yarn"})),
+            (
+                mixtral(),
+                "rope_scaling",
+                serde_json::json!({"type": "linear", "factor": 0.5}),
+            ),
+            (
+                qwen(),
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": -1}),
             ),
             (mixtral(), "hidden_act", serde_json::json!("gelu")),
             (qwen(), "decoder_sparse_step", serde_json::json!(0)),
@@ -738,6 +888,43 @@ mod tests {
             v.as_object_mut().map(|o| o.remove(field));
             let e = MoeDecoderConfig::from_json(Path::new("c.json"), v).unwrap_err();
             assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn yarn_and_linear_are_read_for_qwen3_and_mixtral() {
+        // Qwen3 at 128k, as its model card has it.
+        let mut v = qwen();
+        v["max_position_embeddings"] = 40960.into();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        let c = MoeDecoderConfig::from_json(Path::new("c.json"), v).unwrap();
+        let y = *c.rope_scaling.as_ref().and_then(|r| r.yarn()).unwrap();
+        assert_eq!((y.factor, y.original_max_position_embeddings), (4.0, 32768));
+        assert_eq!((y.beta_fast, y.beta_slow, y.truncate), (32.0, 1.0, true));
+        assert!((y.attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+        use crate::model::family::FamilyConfig;
+        assert_eq!((c.max_positions(), c.position_limit()), (40960, 131072));
+        // The older spelling `type`, and linear.
+        let mut v = mixtral();
+        v["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 2.0});
+        let c = MoeDecoderConfig::from_json(Path::new("c.json"), v).unwrap();
+        assert_eq!(
+            c.rope_scaling,
+            Some(RopeScaling::Linear {
+                factor: 2.0,
+                original_max_position_embeddings: None
+            })
+        );
+        assert_eq!(c.position_limit(), c.max_positions());
+        // `default` and null are plain RoPE.
+        for plain in [
+            serde_json::json!({"rope_type": "default"}),
+            serde_json::Value::Null,
+        ] {
+            let mut v = qwen();
+            v["rope_scaling"] = plain;
+            let c = MoeDecoderConfig::from_json(Path::new("c.json"), v).unwrap();
+            assert_eq!(c.rope_scaling, None);
         }
     }
 }

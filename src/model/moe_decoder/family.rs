@@ -75,6 +75,12 @@ impl FamilyConfig for MoeDecoderConfig {
         self.max_position_embeddings
     }
 
+    fn position_limit(&self) -> usize {
+        self.rope_scaling.map_or(self.max_position_embeddings, |s| {
+            s.extended_positions(self.max_position_embeddings)
+        })
+    }
+
     fn shape(&self) -> ShapeFacts {
         ShapeFacts {
             vocab_size: self.vocab_size,
@@ -165,13 +171,14 @@ impl FamilyConfig for MoeDecoderConfig {
         {
             return Err("group layout".into());
         }
-        if let Some(y) = &self.yarn {
+        if let Some(scaling) = &self.rope_scaling {
             // What RoPE builds from it must be finite.
-            let rope = crate::model::ops::Rope::yarn(self.rotary_dim.min(64), self.rope_theta, y);
+            let rope =
+                crate::model::ops::Rope::scaled(self.rotary_dim.min(64), self.rope_theta, Some(scaling));
             let mut v = vec![1.0f32; self.rotary_dim.min(64)];
             rope.apply_half(&mut v, 3);
             if v.iter().any(|x| !x.is_finite()) {
-                return Err("YaRN rope gives non-finite values".into());
+                return Err("scaled RoPE gives non-finite values".into());
             }
         }
         let _ = self.eos_ids();

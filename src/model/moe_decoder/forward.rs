@@ -41,10 +41,7 @@ impl MoeDecoder {
         weights: Arc<DenseWeights>,
         source: Arc<dyn ExpertSource<ExpertWeights>>,
     ) -> Self {
-        let rope = match &cfg.yarn {
-            Some(y) => Rope::yarn(cfg.rotary_dim, cfg.rope_theta, y),
-            None => Rope::new(cfg.rotary_dim, cfg.rope_theta),
-        };
+        let rope = Rope::scaled(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling.as_ref());
         let attn = (0..weights.layers.len())
             .map(|l| AttnSpec {
                 hidden: cfg.hidden_size,

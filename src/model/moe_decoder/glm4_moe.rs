@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, check_counts, check_rope};
+use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, check_counts, parse_rope};
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
 
@@ -115,7 +115,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
     let j: Glm4MoeJson =
         serde_json::from_value(value).map_err(|source| crate::config::spelling::parse_error(path, source))?;
     check_act(path, j.hidden_act.as_deref())?;
-    check_rope(path, j.rope_scaling.as_ref())?;
+    let rope_scaling = parse_rope(path, j.rope_scaling.as_ref(), j.max_position_embeddings)?;
     let heads = j.num_attention_heads;
     let head_dim = j.head_dim.unwrap_or(j.hidden_size / heads.max(1));
     let f = j.partial_rotary_factor;
@@ -152,7 +152,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
         qk_norm: j.use_qk_norm,
         // transformers: int(head_dim * partial_rotary_factor).
         rotary_dim: (head_dim as f64 * f) as usize,
-        yarn: None,
+        rope_scaling,
         router: RouterChoice::Sigmoid {
             n_group: j.n_group,
             topk_group: j.topk_group,
@@ -273,7 +273,7 @@ mod tests {
             ("hidden_act", serde_json::json!("gelu")),
             (
                 "rope_scaling",
-                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+                serde_json::json!({"rope_type": "dynamic", "factor": 4.0}),
             ),
             ("head_dim", serde_json::json!(7)),
         ] {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, Yarn, check_act, check_counts};
+use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, check_counts, parse_rope};
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
 
@@ -97,17 +97,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
     let j: GptOssJson =
         serde_json::from_value(value).map_err(|source| crate::config::spelling::parse_error(path, source))?;
     check_act(path, j.hidden_act.as_deref())?;
-    let scaling = j.rope_scaling.as_ref();
-    let yarn = match crate::config::rope_kind(scaling).as_deref() {
-        None | Some("default") => None,
-        Some("yarn") => Some(yarn(path, scaling, j.max_position_embeddings)?),
-        Some(other) => {
-            return Err(bad(
-                "rope_scaling",
-                crate::config::unsupported_rope(other, "gpt_oss: default or yarn"),
-            ));
-        }
-    };
+    let rope_scaling = parse_rope(path, j.rope_scaling.as_ref(), j.max_position_embeddings)?;
     let sliding_layers = match &j.layer_types {
         Some(types) => types
             .iter()
@@ -153,7 +143,7 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
         o_bias: true,
         qk_norm: false,
         rotary_dim: j.head_dim,
-        yarn,
+        rope_scaling,
         router: RouterChoice::TopKSoftmax,
         shared_intermediate: 0,
         first_k_dense_replace: 0,
@@ -164,67 +154,6 @@ pub fn from_json(path: &Path, value: serde_json::Value) -> Result<MoeDecoderConf
     };
     cfg.validate(path)?;
     Ok(cfg)
-}
-
-/// transformers' `_compute_yarn_parameters` inputs from a `rope_scaling`
-/// object.
-fn yarn(path: &Path, scaling: Option<&serde_json::Value>, max_pos: usize) -> Result<Yarn, ConfigError> {
-    let bad = |reason: String| ConfigError::Invalid {
-        path: path.to_path_buf(),
-        field: "rope_scaling",
-        reason,
-    };
-    let get = |k: &str| scaling.and_then(|s| s.get(k)).filter(|v| !v.is_null());
-    let num = |k: &str| -> Result<Option<f64>, ConfigError> {
-        match get(k) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| bad(format!("yarn {k} must be a number, got {v}"))),
-        }
-    };
-    let factor = num("factor")?.ok_or_else(|| bad("yarn needs a factor".into()))?;
-    let mscale_of = |scale: f64, m: f64| {
-        if scale <= 1.0 {
-            1.0
-        } else {
-            0.1 * m * scale.ln() + 1.0
-        }
-    };
-    let attention_factor = match (num("attention_factor")?, num("mscale")?, num("mscale_all_dim")?) {
-        (Some(a), _, _) => a,
-        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale_of(factor, m) / mscale_of(factor, all),
-        _ => mscale_of(factor, 1.0),
-    };
-    // transformers: `get(..) or default`, so 0 also means the default.
-    let or = |v: Option<f64>, d: f64| v.filter(|&x| x != 0.0).unwrap_or(d);
-    let original = match get("original_max_position_embeddings") {
-        None => max_pos,
-        Some(v) => match v.as_u64() {
-            Some(0) => max_pos,
-            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            None => {
-                return Err(bad(format!(
-                    "yarn original_max_position_embeddings must be a non-negative integer, got {v}"
-                )));
-            }
-        },
-    };
-    let truncate = match get("truncate") {
-        None => true,
-        Some(v) => v
-            .as_bool()
-            .ok_or_else(|| bad(format!("yarn truncate must be true or false, got {v}")))?,
-    };
-    Ok(Yarn {
-        factor,
-        original_max_position_embeddings: original,
-        beta_fast: or(num("beta_fast")?, 32.0),
-        beta_slow: or(num("beta_slow")?, 1.0),
-        truncate,
-        attention_factor,
-    })
 }
 
 /// The registry entry for `gpt_oss`: parsed here, run as a
@@ -276,7 +205,7 @@ mod tests {
         assert_eq!(c.kind, DecoderKind::GptOss);
         assert_eq!(c.sliding_layers, vec![true, false, true]);
         assert_eq!((c.window(0), c.window(1)), (Some(5), None));
-        let y = c.yarn.unwrap();
+        let y = *c.rope_scaling.and_then(|r| r.yarn().copied()).as_ref().unwrap();
         assert_eq!(y.original_max_position_embeddings, 32);
         assert!((y.attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
         assert!(!y.truncate);
@@ -291,10 +220,13 @@ mod tests {
         let mut v = gpt_oss();
         v.as_object_mut().map(|o| o.remove("rope_scaling"));
         let c = from_json(Path::new("c.json"), v).unwrap();
-        assert_eq!(c.yarn.map(|y| y.factor), Some(32.0));
+        assert_eq!(
+            c.rope_scaling.and_then(|r| r.yarn().map(|y| y.factor)),
+            Some(32.0)
+        );
         let mut v = gpt_oss();
         v["rope_scaling"] = serde_json::Value::Null;
-        assert_eq!(from_json(Path::new("c.json"), v).unwrap().yarn, None);
+        assert_eq!(from_json(Path::new("c.json"), v).unwrap().rope_scaling, None);
     }
 
     #[test]

@@ -17,7 +17,9 @@ mod load;
 mod predictor;
 mod weights;
 
-pub use config::{DecoderKind, MoeDecoderConfig, RouterChoice, Yarn};
+#[cfg(test)]
+pub(crate) use config::parse_rope;
+pub use config::{DecoderKind, MoeDecoderConfig, RopeScaling, RouterChoice, Yarn};
 pub(crate) use family::QWEN3_MIXTRAL;
 pub use forward::MoeDecoder;
 pub(crate) use forward::{Pass, run_pass};
