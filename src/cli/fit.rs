@@ -109,10 +109,13 @@ pub fn context_for(
     kv: crate::model::kv_cache::KvTypes,
 ) -> anyhow::Result<ContextChoice> {
     let sz = sizes(ck, shape)?;
-    let fits = fits_with(&sz, shape.kv_bytes_per_position(kv), slots, budget);
+    let per_position = shape.kv_bytes_per_position(kv);
+    let fits = fits_with(&sz, per_position, slots, budget);
+    let kv_bytes = |ctx: usize| per_position * ctx as u64 * slots.max(1) as u64;
     let b = ContextBudget {
         room: budget.saturating_sub(sz.dense_bytes + WORKING_SET_BYTES + sz.least_expert_bytes),
         fits: &fits,
+        kv_bytes: &kv_bytes,
     };
     let req = ContextRequest {
         requested,

@@ -75,7 +75,15 @@ pub struct ContextRequest {
 pub struct ContextBudget<'a> {
     pub room: u64,
     pub fits: &'a dyn Fn(usize) -> bool,
+    /// Bytes the KV cache of every slot takes at a context: the default
+    /// context gives it at most half of `room` ([`DEFAULT_KV_SHARE`]).
+    pub kv_bytes: &'a dyn Fn(usize) -> u64,
 }
+
+/// The share of the room a default context's KV cache may take: the rest
+/// stays for the expert cache, which decides streamed decode speed. An
+/// explicit `--ctx` may take all of it.
+pub const DEFAULT_KV_SHARE: (u64, u64) = (1, 2);
 
 /// The chosen context.
 #[derive(Clone, Debug, PartialEq)]
@@ -139,7 +147,10 @@ pub fn choose_context(
             capped: None,
         });
     };
-    let fits = longest_fitting(declared, b.fits);
+    let (num, den) = DEFAULT_KV_SHARE;
+    let share = b.room / den * num;
+    let within = |c: usize| (b.fits)(c) && (b.kv_bytes)(c) <= share;
+    let fits = longest_fitting(declared, &within);
     if fits == declared {
         return Ok(ContextChoice {
             ctx: declared,
@@ -155,7 +166,7 @@ pub fn choose_context(
     Ok(ContextChoice {
         ctx,
         capped: Some(format!(
-            "context {ctx} of the model's {declared} positions: the KV cache of {slots} slot(s) at {} fits {fits} in the {} left{floor} (--ctx to choose, --kv-type for a smaller cache)",
+            "context {ctx} of the model's {declared} positions: the KV cache of {slots} slot(s) at {} fits {fits} in half of the {} left, the other half kept for the expert cache{floor} (--ctx to choose, --kv-type for a smaller cache)",
             req.kv,
             size(b.room)
         )),
@@ -178,6 +189,24 @@ mod tests {
     }
 
     #[test]
+    fn the_default_leaves_half_the_room_to_the_expert_cache_and_an_explicit_ctx_may_take_it() {
+        let all = |_: usize| true;
+        let kv = |c: usize| c as u64 * 1000;
+        let b = ContextBudget {
+            room: 100_000_000,
+            fits: &all,
+            kv_bytes: &kv,
+        };
+        let c = choose_context(&req(None), Some(&b)).unwrap();
+        assert_eq!(c.ctx, 50_000);
+        assert!(
+            c.capped.as_deref().is_some_and(|m| m.contains("half of the")),
+            "{c:?}"
+        );
+        assert_eq!(choose_context(&req(Some(90_000)), Some(&b)).unwrap().ctx, 90_000);
+    }
+
+    #[test]
     fn the_longest_fitting_context_is_found_exactly() {
         for cap in [0usize, 1, 2, 255, 4096, 32_767, 131_071, 131_072] {
             let fits = move |c: usize| c <= cap;
@@ -191,6 +220,7 @@ mod tests {
         let b = ContextBudget {
             room: 1 << 40,
             fits: &all,
+            kv_bytes: &|_| 0,
         };
         assert_eq!(
             choose_context(&req(None), Some(&b)).unwrap(),
@@ -204,12 +234,13 @@ mod tests {
         let b = ContextBudget {
             room: 6 << 30,
             fits: &some,
+            kv_bytes: &|_| 0,
         };
         let c = choose_context(&req(None), Some(&b)).unwrap();
         assert_eq!(c.ctx, 32_768);
         let note = c.capped.unwrap();
         assert!(
-            note.starts_with("context 32768 of the model's 131072 positions: the KV cache of 4 slot(s) at f16 fits 32768 in the 6.0 GiB left ("),
+            note.starts_with("context 32768 of the model's 131072 positions: the KV cache of 4 slot(s) at f16 fits 32768 in half of the 6.0 GiB left, the other half kept for the expert cache ("),
             "{note}"
         );
         // Not below the floor: the plan's own checks report a budget that tight.
@@ -217,6 +248,7 @@ mod tests {
         let b = ContextBudget {
             room: 1 << 20,
             fits: &tiny,
+            kv_bytes: &|_| 0,
         };
         assert_eq!(choose_context(&req(None), Some(&b)).unwrap().ctx, MIN_DEFAULT_CTX);
     }
@@ -227,6 +259,7 @@ mod tests {
         let b = ContextBudget {
             room: 6 << 30,
             fits: &some,
+            kv_bytes: &|_| 0,
         };
         assert_eq!(choose_context(&req(Some(32_768)), Some(&b)).unwrap().ctx, 32_768);
         let e = choose_context(&req(Some(40_000)), Some(&b)).unwrap_err();
@@ -278,7 +311,11 @@ mod tests {
         );
         // Nothing fits at all: the context is not what runs out.
         let none = |_: usize| false;
-        let b = ContextBudget { room: 0, fits: &none };
+        let b = ContextBudget {
+            room: 0,
+            fits: &none,
+            kv_bytes: &|_| 0,
+        };
         assert_eq!(choose_context(&req(Some(64)), Some(&b)).unwrap().ctx, 64);
     }
 }

@@ -234,6 +234,7 @@ impl SourceFactory<'_> {
         let budget = total.map(|t| context::ContextBudget {
             room: t.saturating_sub(fixed + WORKING_SET_BYTES + least),
             fits: &fits,
+            kv_bytes: &kv_at,
         });
         let chosen = context::choose_context(&kv.request, budget.as_ref())?;
         needs.kv_bytes = kv_at(chosen.ctx);

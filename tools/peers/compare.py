@@ -663,29 +663,6 @@ def prefill(a):
 
 LONG_DECODE = 16
 
-LLAMA_LONG = r"""
-# One llama.cpp long-context run: the prompt in batches of 512, then greedy
-# decode, each timed; flash attention on, f16 K and V (its defaults).
-import json, resource, sys, time
-import numpy as np
-from llama_cpp import Llama
-a = json.loads(sys.argv[1])
-llm = Llama(model_path=a["model"], n_ctx=len(a["prompt"]) + a["n"] + 8, n_batch=512, n_ubatch=512,
-            n_threads=a["threads"], n_threads_batch=a["threads"], use_mmap=True, verbose=False,
-            seed=0, flash_attn=True)
-n_vocab = llm.n_vocab()
-llm.reset()
-t0 = time.perf_counter()
-llm.eval(a["prompt"])
-prefill = time.perf_counter() - t0
-t0 = time.perf_counter()
-for i in range(a["n"]):
-    tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
-    llm.eval([tok])
-decode = time.perf_counter() - t0
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"prefill": prefill, "decode_tps": a["n"] / decode, "rss": rss}))
-"""
 
 
 def long_model(a, src, ctx):
@@ -705,14 +682,16 @@ def long_model(a, src, ctx):
 
 
 def peak_rss_run(cmd, env):
-    """Runs `cmd`, returning (completed process, the child's peak RSS in bytes)."""
-    import resource
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    # ru_maxrss of children is the largest of any child so far: a run that
-    # did not exceed the earlier peak reports that peak (runs go smallest first).
-    return r, max(before, after) * 1024
+    """Runs `cmd`, returning (returncode, stderr, its own peak RSS in bytes,
+    from wait4's rusage of that one child)."""
+    import tempfile
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([str(c) for c in cmd], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return proc.returncode, err.read(), usage.ru_maxrss * 1024
 
 
 def long_coli(a, model, threads, n):
@@ -721,28 +700,47 @@ def long_coli(a, model, threads, n):
     ids.write_text(",".join(map(str, prefill_ids(n))))
     cmd = [a.coli, "run", "--model", model, "--prompt-ids", ids.read_text(), "--max-tokens", str(LONG_DECODE),
            "--ids", *targs, *a.coli_args.split()]
-    r, rss = peak_rss_run(in_cgroup(cmd, a.cgroup_gb), env)
-    m = re.search(r"prefill ([0-9.]+)s; generated (\d+) tok in ([0-9.]+)s", r.stderr)
-    if r.returncode != 0 or not m:
-        raise RuntimeError(f"coli run failed: {r.stderr[-2000:]}")
+    code, stderr, rss = peak_rss_run(in_cgroup(cmd, a.cgroup_gb), env)
+    m = re.search(r"prefill ([0-9.]+)s; generated (\d+) tok in ([0-9.]+)s", stderr)
+    if code != 0 or not m:
+        raise RuntimeError(f"coli run failed: {stderr[-2000:]}")
     gen, secs = int(m.group(2)), float(m.group(3))
     return {"prefill": float(m.group(1)), "decode_tps": gen / secs if secs > 0 else 0.0, "rss": rss}
 
 
-def long_llama(a, model, threads, n):
-    arg = {"model": str(model), "threads": threads, "prompt": prefill_ids(n), "n": LONG_DECODE}
-    cmd = [venv_python(a.work), "-c", LLAMA_LONG, json.dumps(arg)]
-    r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=llama_env(a))
-    if r.returncode != 0:
-        raise RuntimeError(f"llama.cpp failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+def long_llama(a, model, threads, n, round_seed):
+    """One llama-server run (flash attention on, f16 K and V, one slot of
+    n + 32 positions): the prompt, then LONG_DECODE tokens, timed by the
+    server's own `timings`; peak RSS from /proc (VmHWM)."""
+    port = free_port()
+    cmd = [server_bin(a.work), "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", "1",
+           "-c", str(n + LONG_DECODE + 32), "-t", str(threads), "-tb", str(threads), "-fa", "on",
+           "-ctk", "f16", "-ctv", "f16", "-b", "512", "-ub", "512"]
+    proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(a.work / "llama-server.log", "w"))
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/health", proc, "llama-server")
+        # A different prompt each round, so nothing is reused.
+        ids = [(t + round_seed * 104729) % 50000 + 1 for t in prefill_ids(n)]
+        v = post_json(f"http://127.0.0.1:{port}/completion",
+                      {"prompt": ids, "n_predict": LONG_DECODE, "temperature": 0, "top_k": 1,
+                       "cache_prompt": False, "ignore_eos": True})
+        t = v["timings"]
+        hwm = 0
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+        return {"prefill": t["prompt_ms"] / 1e3, "decode_tps": t["predicted_per_second"], "rss": hwm}
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def long(a):
     """Long prompts: prefill of `--long-lens` tokens, then 16 greedy tokens at
-    that context, coli (f16 KV unless --coli-args says otherwise) against
-    llama.cpp (flash attention, f16 KV), rounds interleaved, both from the
-    page cache; peak RSS of each run."""
+    that context, coli (`--coli-args "--kv-type f16"` for f16 KV) against
+    llama-server (flash attention, f16 KV), rounds interleaved, both from
+    the page cache; peak RSS of each run."""
     src, gguf = a.work / "coli-int8", a.work / "olmoe-q8_0.gguf"
     if not (src.exists() and gguf.exists()):
         raise SystemExit("the long step needs coli-int8 and olmoe-q8_0.gguf (run make-hf,convert)")
@@ -751,7 +749,6 @@ def long(a):
     lines = [
         f"long {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
         f"coli flags: {a.coli_args or '(defaults)'}, isa {a.isa}",
-        f"llama.cpp: {llama_system_info(a)}",
         f"coli: {coli_kernels(a)}",
         "",
         "| prompt tokens | threads | coli prefill tok/s | llama.cpp prefill tok/s | ratio | "
@@ -768,7 +765,7 @@ def long(a):
                     if who == "coli":
                         cs.append(long_coli(a, model, threads, n))
                     else:
-                        ls.append(long_llama(a, gguf, threads, n))
+                        ls.append(long_llama(a, gguf, threads, n, rnd))
                 log(f"long {n} t={threads} round {rnd}: coli {cs[-1]} llama.cpp {ls[-1]}")
             cp = statistics.median(n / r["prefill"] for r in cs)
             lp = statistics.median(n / r["prefill"] for r in ls)
