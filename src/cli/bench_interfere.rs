@@ -13,21 +13,12 @@ use anyhow::Context;
 use super::bench::BenchArgs;
 use super::output::diag;
 use crate::engine::{Engine, EngineOptions};
-use crate::runtime::{DecodeLoop, Event, GenRequest, LoopConfig, PromptMode, RequestStream, SlotChoice};
-use crate::sampling::SamplingParams;
+use crate::runtime::{DecodeLoop, Event, GenRequest, LoopConfig, RequestStream};
 use crate::synth::{ModelShape, synthetic_prompt};
 
+/// A greedy request (the same builder as the `--streams` runs).
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenRequest {
-    GenRequest {
-        slot: SlotChoice::Any,
-        mode: PromptMode::Replace,
-        prompt,
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop: Vec::new(),
-        constraint: None,
-        special_tokens: false,
-    }
+    super::bench_streams::request(&prompt, max_tokens, 0.0, 0)
 }
 
 /// Reads a stream to its end, giving the arrival time of each token (and

@@ -43,7 +43,7 @@ impl Run {
     }
 }
 
-fn request(prompt: &[u32], tokens: usize, temperature: f32, seed: u64) -> GenRequest {
+pub(super) fn request(prompt: &[u32], tokens: usize, temperature: f32, seed: u64) -> GenRequest {
     GenRequest {
         slot: SlotChoice::Any,
         mode: PromptMode::Replace,
