@@ -262,22 +262,9 @@ pub fn attend(
                 let t = rows.start + r;
                 &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
             };
-            // The rows of a block are consecutive positions of one sequence,
-            // so `pos` rises and `first` never falls from row to row: the rows
-            // that see key `p` are the run `a..b` (those with `pos >= p`
-            // intersected with those with `first <= p`), which moves forward
-            // with `p`. Same scores in the same order as testing every row.
-            let (mut a, mut b) = (0, 0);
-            for p in lo..=hi {
-                while a < nr && spans[a].pos < p {
-                    a += 1;
-                }
-                while b < nr && spans[b].first <= p {
-                    b += 1;
-                }
-                if a >= b {
-                    continue;
-                }
+            // Same scores in the same order as testing every row.
+            let runs = visible_runs(spans, lo, hi);
+            for &(p, a, b) in &runs {
                 let kr = keys.head(p, kv_dim, kvh * hd, hd, scratch);
                 for (r, sp) in spans.iter().enumerate().take(b).skip(a) {
                     scores[sp.at + p - sp.first] = kern.dot_f32(qv(r), kr) * scale;
@@ -291,17 +278,7 @@ pub fn attend(
                 }
             }
             let mut out = vec![0f32; nr * hd];
-            let (mut a, mut b) = (0, 0);
-            for p in lo..=hi {
-                while a < nr && spans[a].pos < p {
-                    a += 1;
-                }
-                while b < nr && spans[b].first <= p {
-                    b += 1;
-                }
-                if a >= b {
-                    continue;
-                }
+            for &(p, a, b) in &runs {
                 let vr = vals.head(p, kv_dim, kvh * hd, hd, scratch);
                 for (sp, o) in spans[a..b].iter().zip(out[a * hd..b * hd].chunks_exact_mut(hd)) {
                     kern.axpy(o, scores[sp.at + p - sp.first], vr);
@@ -320,6 +297,30 @@ pub fn attend(
     w.o.matmul(&ctx, n, &mut out);
     add_bias(&mut out, &w.bias.o);
     out
+}
+
+/// For each key position `p` in `lo..=hi` that some row of the block sees,
+/// `(p, a, b)`: the rows `a..b` that see it. The rows are consecutive
+/// positions of one sequence, so `pos` rises and `first` never falls from
+/// row to row, and the run moves forward with `p` (rows with `pos >= p`
+/// intersected with rows with `first <= p`). The score pass and the value
+/// pass walk the same runs.
+fn visible_runs(spans: &[Span], lo: usize, hi: usize) -> Vec<(usize, usize, usize)> {
+    let nr = spans.len();
+    let (mut a, mut b) = (0, 0);
+    let mut runs = Vec::with_capacity(hi + 1 - lo);
+    for p in lo..=hi {
+        while a < nr && spans[a].pos < p {
+            a += 1;
+        }
+        while b < nr && spans[b].first <= p {
+            b += 1;
+        }
+        if a < b {
+            runs.push((p, a, b));
+        }
+    }
+    runs
 }
 
 /// Softmax over `scores` plus one extra logit `sink` that takes its share
