@@ -509,9 +509,7 @@ impl LanguageModel for Glm {
         self.weights.resident_bytes()
     }
     fn step_dense_bytes(&self) -> usize {
-        self.weights
-            .resident_bytes()
-            .saturating_sub(self.weights.embed.resident_bytes())
+        self.weights.step_bytes()
     }
     fn draft(
         &mut self,

@@ -108,6 +108,18 @@ fn mats(l: &LayerWeights) -> usize {
 }
 
 impl DenseWeights {
+    /// Resident bytes one decode step reads: everything but the embedding
+    /// table (a step reads one row of it), unless the head is the same
+    /// matrix, which the step then reads whole.
+    pub fn step_bytes(&self) -> usize {
+        let embed = if Arc::ptr_eq(&self.embed, &self.lm_head) {
+            0
+        } else {
+            self.embed.resident_bytes()
+        };
+        self.resident_bytes().saturating_sub(embed)
+    }
+
     pub fn resident_bytes(&self) -> usize {
         let head = if Arc::ptr_eq(&self.embed, &self.lm_head) {
             0

@@ -323,8 +323,6 @@ impl LanguageModel for MoeDecoder {
         self.weights.resident_bytes()
     }
     fn step_dense_bytes(&self) -> usize {
-        self.weights
-            .resident_bytes()
-            .saturating_sub(self.weights.embed.resident_bytes())
+        self.weights.step_bytes()
     }
 }
