@@ -6,6 +6,7 @@
 //! checkpoints, quantized formats and kernels, the math of each family,
 //! tokenizers, sampling and the command-line front ends.
 
+pub mod bounds;
 pub mod catalog;
 pub mod chat_template;
 pub mod cli;
@@ -19,6 +20,7 @@ pub mod kernels;
 pub mod model;
 pub mod progress;
 pub mod quant;
+pub mod routing;
 pub mod runtime;
 pub mod sampling;
 pub mod serve;
