@@ -2,7 +2,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use colibri::cli::{Cli, Command, bench, chat, convert, doctor, models, plan, run, serve, synth, validate};
+use colibri::cli::{
+    Cli, Command, bench, chat, convert, doctor, models, plan, policy, run, serve, synth, validate,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
                 Command::Bench(a) => bench::run(a),
                 Command::Doctor(a) => doctor::run(a),
                 Command::Plan(a) => plan::run(a).map(|_| true),
+                Command::Policy(a) => policy::run(a).map(|_| true),
                 Command::Serve(a) => serve::run(a).map(|_| true),
                 Command::Chat(a) => chat::run(a).map(|_| true),
                 Command::List(a) => models::list(a).map(|_| true),

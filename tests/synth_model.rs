@@ -97,10 +97,9 @@ fn f32_dense_and_fewer_layers() {
 
 #[test]
 fn disk_probe_reads_the_expert_extents() {
+    use colibri::bounds::{CacheTreatment, ProbeOptions, probe};
     use colibri::model::olmoe::OlmoeConfig;
     use colibri::model::olmoe::{LoadOptions, expert_map};
-    use colibri::synth::read_bandwidth;
-    use colibri_actors::StorageOptions;
 
     let tmp = tempfile::tempdir().unwrap();
     let spec = SynthSpec::tiny();
@@ -110,19 +109,29 @@ fn disk_probe_reads_the_expert_extents() {
     let ck = Checkpoint::open(&dir).unwrap();
     let (map, _) = expert_map(&cfg, &ck, LoadOptions::default()).unwrap();
     let per_expert = map.extent(colibri_actors::ExpertKey::new(0, 0)).unwrap().bytes();
-    let all = read_bandwidth(&map, &StorageOptions::default(), u64::MAX, 3).unwrap();
+    let opts = ProbeOptions {
+        bytes: u64::MAX,
+        repeats: 2,
+        queue_depth: 3,
+        ..ProbeOptions::default()
+    };
+    let all = probe(&map, &opts).unwrap();
     let n = (spec.layers * spec.experts) as u64;
-    // Every expert once, each rounded up to whole 4096-byte blocks.
-    assert!(
-        all.bytes >= n * per_expert && all.bytes < n * (per_expert + 2 * ALIGN),
-        "{all:?}"
-    );
+    // Every expert once a repeat, each rounded up to whole 4096-byte blocks.
+    for r in &all.repeats {
+        assert!(
+            r.bytes >= n * per_expert && r.bytes < n * (per_expert + 2 * ALIGN),
+            "{all:?}"
+        );
+    }
     assert_eq!(all.kind, "pread");
-    let some = read_bandwidth(&map, &StorageOptions::default(), 1, 1).unwrap();
+    assert_eq!(all.cache, CacheTreatment::Dropped);
+    let some = probe(&map, &ProbeOptions { bytes: 1, ..opts }).unwrap();
     assert!(
-        some.bytes > 0 && some.bytes < all.bytes,
-        "stops after max_bytes: {some:?}"
+        some.repeats[0].bytes > 0 && some.repeats[0].bytes < all.repeats[0].bytes,
+        "stops after one expert: {some:?}"
     );
+    assert_eq!(some.read_bytes, some.repeats[0].bytes, "one read a repeat");
 }
 
 #[test]

@@ -1,15 +1,27 @@
-//! The disk side of a benchmark: the bandwidth the I/O bound divides by.
+//! The disk probe: what the disk gives the access pattern decode uses,
+//! measured apart from any decode run.
 //!
-//! The bound must use the storage the decode run used, so the probe reads
-//! the model's own expert extents, in file order, with the same settings
-//! (O_DIRECT or buffered), or takes the simulated bandwidth from
-//! `--disk-sim bw=...` when the disk is simulated.
+//! Decode reads whole experts at random places in the file, one read per
+//! expert, with as many reads in flight as there are I/O workers. The probe
+//! does the same: a seeded random sample of the model's own expert extents,
+//! block-aligned, through the storage backend the run uses (O_DIRECT or
+//! buffered), with one reader per worker, repeated on fresh samples so the
+//! spread shows. Before each repeat the files' cached pages are dropped
+//! (`posix_fadvise(DONTNEED)`, which needs no privileges and drops only
+//! clean pages nobody maps) and the share of the sample still cached
+//! afterwards is measured (`mincore`), so a reader can tell a disk figure
+//! from a page-cache figure. A simulated disk (`--disk-sim bw=...`) is
+//! not probed: its bandwidth is given.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use colibri_actors::{AlignedBuf, ExpertKey, ExpertMap, SimSpec, SourceError, Storage, StorageOptions};
+use colibri_actors::{
+    AlignedBuf, ExpertKey, ExpertMap, FileId, SimSpec, SourceError, Storage, StorageOptions,
+};
+
+use crate::synth::WyRand;
 
 /// Why the disk could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -39,18 +51,45 @@ pub fn sim_bandwidth(spec: &str) -> Result<Option<f64>, DiskError> {
     Ok(spec.bandwidth.map(|b| b as f64))
 }
 
-/// A measured sequential read.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Bandwidth {
+/// What the probe is asked to do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProbeOptions {
+    /// Bytes read per repeat (at least one expert).
     pub bytes: u64,
-    pub secs: f64,
-    /// The storage backend that read ("pread", "direct", "mmap").
-    pub kind: &'static str,
-    /// Parallel readers.
-    pub threads: usize,
+    pub repeats: usize,
+    /// Readers in parallel: the I/O workers' count.
+    pub queue_depth: usize,
+    /// The backend: O_DIRECT, mmap or pread, as the run reads.
+    pub storage: StorageOptions,
+    /// Drop the files' cached pages before each repeat.
+    pub drop_cache: bool,
+    pub seed: u64,
 }
 
-impl Bandwidth {
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        Self {
+            bytes: 256 << 20,
+            repeats: 3,
+            queue_depth: 4,
+            storage: StorageOptions::default(),
+            drop_cache: true,
+            seed: 0x6469_736b,
+        }
+    }
+}
+
+/// One repeat of the probe.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Repeat {
+    pub bytes: u64,
+    pub secs: f64,
+    /// Share of the sampled bytes that were in the page cache when the
+    /// repeat started (after the drop); `None` when it could not be seen.
+    pub cached_before: Option<f64>,
+}
+
+impl Repeat {
     pub fn bytes_per_sec(&self) -> f64 {
         if self.secs > 0.0 {
             self.bytes as f64 / self.secs
@@ -60,21 +99,95 @@ impl Bandwidth {
     }
 }
 
+/// The probe's measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiskProbe {
+    pub repeats: Vec<Repeat>,
+    /// Mean bytes of one read (one expert, block-aligned).
+    pub read_bytes: u64,
+    pub queue_depth: usize,
+    /// The storage backend that read ("pread", "direct", "mmap").
+    pub kind: &'static str,
+    /// How the page cache was treated.
+    pub cache: CacheTreatment,
+}
+
+/// What the probe did about the page cache.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CacheTreatment {
+    /// O_DIRECT reads bypass it.
+    Bypassed,
+    /// Dropped before each repeat.
+    Dropped,
+    /// Left as it was (asked, or the drop failed: the reason).
+    Kept(String),
+}
+
+impl DiskProbe {
+    fn rates(&self) -> Vec<f64> {
+        let mut v: Vec<f64> = self.repeats.iter().map(Repeat::bytes_per_sec).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+
+    pub fn median(&self) -> f64 {
+        let v = self.rates();
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
+
+    pub fn min(&self) -> f64 {
+        self.rates().first().copied().unwrap_or(0.0)
+    }
+
+    pub fn max(&self) -> f64 {
+        self.rates().last().copied().unwrap_or(0.0)
+    }
+
+    /// The largest share of a repeat's sample found cached at its start.
+    pub fn most_cached(&self) -> Option<f64> {
+        self.repeats
+            .iter()
+            .filter_map(|r| r.cached_before)
+            .max_by(f64::total_cmp)
+    }
+
+    /// One line: median, range, what was read and how.
+    pub fn describe(&self) -> String {
+        let mb = |b: f64| b / 1e6;
+        let cache = match &self.cache {
+            CacheTreatment::Bypassed => "O_DIRECT, no page cache".to_string(),
+            CacheTreatment::Dropped => match self.most_cached() {
+                Some(c) if c > 0.0 => format!(
+                    "page cache dropped before each repeat, at most {:.0}% of a sample still cached",
+                    c * 100.0
+                ),
+                Some(_) => "page cache dropped before each repeat (none of the samples cached)".into(),
+                None => "page cache dropped before each repeat".into(),
+            },
+            CacheTreatment::Kept(why) => format!("page cache kept: {why}"),
+        };
+        format!(
+            "{:.1} MB/s median, {:.1}-{:.1} over {} repeats of {:.0} MB: random {:.2} MB expert reads, {} in flight, via {}; {cache}",
+            mb(self.median()),
+            mb(self.min()),
+            mb(self.max()),
+            self.repeats.len(),
+            self.repeats.first().map_or(0.0, |r| mb(r.bytes as f64)),
+            mb(self.read_bytes as f64),
+            self.queue_depth,
+            self.kind,
+        )
+    }
+}
+
 const BLOCK: u64 = 4096;
 
-/// Reads whole experts in file order (layer-major, as a container stores
-/// them), at most `max_bytes`, one block-aligned read per expert as the I/O
-/// workers do, with `threads` readers in parallel (the workers' queue depth),
-/// through the storage backend `opts` selects (O_DIRECT, mmap or pread; the
-/// simulated disk is the caller's to leave out), and times it.
-pub fn read_bandwidth(
-    map: &ExpertMap,
-    opts: &StorageOptions,
-    max_bytes: u64,
-    threads: usize,
-) -> Result<Bandwidth, DiskError> {
-    let storage: Arc<dyn Storage> = colibri_actors::storage::open_storage(&map.files, opts)?;
-    // (file, block-aligned offset, length) of every expert, in file order.
+/// `(file, block-aligned offset, length)` of every routed expert's read.
+fn expert_reads(map: &ExpertMap) -> Vec<(FileId, u64, u64)> {
     let mut reads = Vec::new();
     for l in 0..map.layers {
         for e in 0..map.experts_per_layer {
@@ -96,26 +209,83 @@ pub fn read_bandwidth(
                 .map(|p| p.offset + p.len)
                 .max()
                 .unwrap_or(start);
-            // Whole blocks, as O_DIRECT requires (harmless otherwise).
             let lo = start / BLOCK * BLOCK;
             reads.push((first.file, lo, end.next_multiple_of(BLOCK) - lo));
         }
     }
-    let mut total = 0u64;
-    let count = reads
-        .iter()
-        .take_while(|r| {
-            let go = total < max_bytes;
-            total += r.2;
-            go
-        })
-        .count();
-    let reads = &reads[..count];
-    if reads.is_empty() {
+    reads
+}
+
+/// Runs the probe over `map`'s expert extents (see the module docs).
+pub fn probe(map: &ExpertMap, opts: &ProbeOptions) -> Result<DiskProbe, DiskError> {
+    let all = expert_reads(map);
+    if all.is_empty() {
         return Err(DiskError::NoExperts);
     }
-    let threads = threads.clamp(1, reads.len());
-    let t0 = Instant::now();
+    let storage: Arc<dyn Storage> = colibri_actors::storage::open_storage(&map.files, &opts.storage)?;
+    let direct = storage.kind() == "direct";
+    let mut cache = if direct {
+        CacheTreatment::Bypassed
+    } else if opts.drop_cache {
+        CacheTreatment::Dropped
+    } else {
+        CacheTreatment::Kept("asked (--probe-keep-cache)".into())
+    };
+    let mut rng = WyRand::new(opts.seed);
+    let mut repeats = Vec::new();
+    let mut read_total = (0u64, 0u64);
+    for _ in 0..opts.repeats.max(1) {
+        let sample = sample(&all, opts.bytes, &mut rng);
+        if matches!(cache, CacheTreatment::Dropped)
+            && let Err(why) = drop_cached(&map.files)
+        {
+            cache = CacheTreatment::Kept(why);
+        }
+        let cached_before = (!direct).then(|| cached_share(&map.files, &sample)).flatten();
+        let threads = opts.queue_depth.clamp(1, sample.len());
+        let t0 = Instant::now();
+        let bytes = read_all(&storage, &sample, threads)?;
+        repeats.push(Repeat {
+            bytes,
+            secs: t0.elapsed().as_secs_f64(),
+            cached_before,
+        });
+        read_total.0 += sample.iter().map(|r| r.2).sum::<u64>();
+        read_total.1 += sample.len() as u64;
+    }
+    Ok(DiskProbe {
+        repeats,
+        read_bytes: read_total.0 / read_total.1.max(1),
+        queue_depth: opts.queue_depth.max(1),
+        kind: storage.kind(),
+        cache,
+    })
+}
+
+/// A random sample of `reads` (without repeats) totalling at least
+/// `bytes`, or all of them.
+fn sample(reads: &[(FileId, u64, u64)], bytes: u64, rng: &mut WyRand) -> Vec<(FileId, u64, u64)> {
+    let mut order: Vec<usize> = (0..reads.len()).collect();
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    for i in 0..order.len() {
+        if total >= bytes.max(1) {
+            break;
+        }
+        let j = i + (rng.next_u64() % (order.len() - i) as u64) as usize;
+        order.swap(i, j);
+        let r = reads[order[i]];
+        total += r.2;
+        out.push(r);
+    }
+    out
+}
+
+fn read_all(
+    storage: &Arc<dyn Storage>,
+    reads: &[(FileId, u64, u64)],
+    threads: usize,
+) -> Result<u64, DiskError> {
     let results: Vec<Result<u64, DiskError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -147,22 +317,116 @@ pub fn read_bandwidth(
             })
             .collect()
     });
-    let secs = t0.elapsed().as_secs_f64();
     let mut bytes = 0;
     for r in results {
         bytes += r?;
     }
-    Ok(Bandwidth {
-        bytes,
-        secs,
-        kind: storage.kind(),
-        threads,
-    })
+    Ok(bytes)
+}
+
+/// Asks the kernel to drop `files`' cached pages; the reason when it
+/// could not.
+fn drop_cached(files: &[PathBuf]) -> Result<(), String> {
+    for f in files {
+        let file = std::fs::File::open(f).map_err(|e| format!("opening {}: {e}", f.display()))?;
+        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
+            .map_err(|e| format!("posix_fadvise on {}: {e}", f.display()))?;
+    }
+    Ok(())
+}
+
+/// Share of the sampled bytes resident in the page cache, by `mincore`
+/// over a read-only mapping of each file; `None` when a file cannot be
+/// mapped.
+fn cached_share(files: &[PathBuf], sample: &[(FileId, u64, u64)]) -> Option<f64> {
+    let maps: Vec<memmap2::Mmap> = files.iter().map(|f| map_file(f)).collect::<Option<_>>()?;
+    let page = rustix::param::page_size() as u64;
+    let (mut cached, mut total) = (0u64, 0u64);
+    for &(file, off, len) in sample {
+        let m = maps.get(file as usize)?;
+        let lo = (off / page * page).min(m.len() as u64);
+        let hi = (off + len).min(m.len() as u64);
+        if hi <= lo {
+            continue;
+        }
+        let pages = (hi - lo).div_ceil(page) as usize;
+        let mut vec = vec![0u8; pages];
+        // SAFETY: `lo` is page-aligned and `lo..hi` lies inside the live
+        // mapping `m`; `vec` has one byte for each page of that range, as
+        // mincore(2) writes.
+        let rc = unsafe {
+            libc::mincore(
+                m.as_ptr().add(lo as usize) as *mut libc::c_void,
+                (hi - lo) as usize,
+                vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        cached += vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page;
+        total += pages as u64 * page;
+    }
+    (total > 0).then(|| cached as f64 / total as f64)
+}
+
+fn map_file(path: &Path) -> Option<memmap2::Mmap> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: a read-only mapping used only to ask which pages are
+    // resident; its bytes are never read, so a concurrent writer cannot
+    // make this code observe torn data.
+    unsafe { memmap2::Mmap::map(&file) }.ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use colibri_actors::{ExpertExtent, Piece};
+
+    #[test]
+    fn probes_random_expert_reads_with_a_spread() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("experts.bin");
+        std::fs::write(&path, vec![7u8; 64 * 8192]).unwrap();
+        let mut map = ExpertMap::new(vec![path], 2, 32);
+        for l in 0..2u32 {
+            for e in 0..32u32 {
+                let offset = (l as u64 * 32 + e as u64) * 8192;
+                let extent = ExpertExtent {
+                    pieces: vec![Piece {
+                        file: 0,
+                        offset,
+                        len: 8192,
+                    }],
+                };
+                map.set_extent(ExpertKey::new(l, e), extent).unwrap();
+            }
+        }
+        let opts = ProbeOptions {
+            bytes: 10 * 8192,
+            repeats: 3,
+            queue_depth: 2,
+            ..ProbeOptions::default()
+        };
+        let p = probe(&map, &opts).unwrap();
+        assert_eq!(p.repeats.len(), 3);
+        assert!(p.repeats.iter().all(|r| r.bytes == 10 * 8192), "{p:?}");
+        assert_eq!(p.read_bytes, 8192);
+        assert!(p.min() <= p.median() && p.median() <= p.max());
+        assert!(p.describe().contains("3 repeats"), "{}", p.describe());
+        // Samples are drawn without repeats and cover at most the file.
+        let all = expert_reads(&map);
+        let mut rng = WyRand::new(1);
+        let mut s = sample(&all, u64::MAX, &mut rng);
+        assert_eq!(s.len(), 64);
+        s.sort_unstable();
+        s.dedup();
+        assert_eq!(s.len(), 64);
+        assert!(matches!(
+            probe(&ExpertMap::new(vec![], 1, 1), &opts),
+            Err(DiskError::NoExperts)
+        ));
+    }
 
     #[test]
     fn parses_sim_bandwidth() {

@@ -17,14 +17,16 @@ use colibri_actors::StorageOptions;
 
 use super::output::diag;
 use super::{EngineArgs, ModelArg};
+use crate::bounds::{
+    ComputeBound, DiskFigure, IoBound, MemoryBound, ProbeOptions, mean_routed_expert_bytes, memory_bandwidth,
+    probe, sim_bandwidth,
+};
 use crate::engine::{Engine, EngineOptions};
 use crate::engine::{MemoryPlan, peak_rss_bytes};
 use crate::model::olmoe::LoadOptions;
+use crate::routing::{Capacity, Outcome, RoutingTrace, replay};
 use crate::st::Checkpoint;
-use crate::synth::{
-    ModelShape, PassResult, decode_pass, memory_bandwidth, parse_replay_ids, read_bandwidth, replay_pass,
-    sim_bandwidth, synthetic_prompt,
-};
+use crate::synth::{ModelShape, PassResult, decode_pass, parse_replay_ids, replay_pass, synthetic_prompt};
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Args)]
@@ -49,9 +51,21 @@ pub struct BenchArgs {
     /// Skip the all-resident pass (the compute bound), e.g. when RAM is short.
     #[arg(long)]
     pub no_compute_bound: bool,
-    /// MB of expert extents the disk-bandwidth probe reads.
-    #[arg(long, default_value_t = 1024)]
+    /// MB of expert extents each repeat of the disk probe reads.
+    #[arg(long, default_value_t = 256)]
     pub probe_mb: u64,
+    /// Repeats of the disk probe (fresh random samples; the spread is
+    /// printed).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub probe_repeats: u64,
+    /// Leave the page cache as it is before each probe repeat (by default
+    /// the model's files' cached pages are dropped first).
+    #[arg(long)]
+    pub probe_keep_cache: bool,
+    /// Write the measured pass's routing trace (every step of the pass,
+    /// the window marked) to FILE, for `coli policy`.
+    #[arg(long, value_name = "FILE")]
+    pub trace_out: Option<std::path::PathBuf>,
     /// Force this token sequence instead of greedy decoding: the first
     /// `--prompt-len` tokens are the prompt, the next `--warmup + --tokens`
     /// are fed one at a time. FILE holds token ids (separated by whitespace
@@ -118,45 +132,38 @@ pub struct BenchArgs {
     pub engine: EngineArgs,
 }
 
-struct Pass {
-    name: &'static str,
-    result: PassResult,
-    load_secs: f64,
-    memory: MemoryPlan,
+pub(super) struct Pass {
+    pub(super) name: &'static str,
+    pub(super) result: PassResult,
+    pub(super) load_secs: f64,
+    pub(super) memory: MemoryPlan,
     /// Peak RSS of the process when the pass ended (passes run in turn, so
     /// the first pass's figure is its own).
-    peak_rss: Option<u64>,
+    pub(super) peak_rss: Option<u64>,
     /// The usage history and pins of the pass (the measured pass only).
-    usage: Option<crate::engine::usage::UsageStart>,
+    pub(super) usage: Option<crate::engine::usage::UsageStart>,
     /// Resident bytes a decode step reads besides the routed experts.
-    step_dense: u64,
+    pub(super) step_dense: u64,
+    /// The pass's routing (the last repeat when warmed first) and the
+    /// window's steps in it.
+    pub(super) trace: RoutingTrace,
+    pub(super) window: (usize, usize),
+    /// Steps of the pass the recorder had dropped for room.
+    pub(super) trace_dropped: u64,
+    /// The cache's capacity in experts (`None`: everything resident).
+    pub(super) capacity: Option<Capacity>,
 }
 
-/// The memory roofline of the run: what a token must read from RAM with
-/// every expert resident, against the read bandwidth measured in the same
-/// run on as many threads as the compute pool.
-struct MemoryBound {
-    read_bw: f64,
-    threads: usize,
-    bytes_per_token: f64,
-    experts_per_token: f64,
-    expert_bytes: f64,
-}
-
-impl MemoryBound {
-    fn tok_per_s(&self) -> f64 {
-        if self.bytes_per_token > 0.0 {
-            self.read_bw / self.bytes_per_token
-        } else {
-            f64::INFINITY
-        }
-    }
+/// The optimal policy's replay of the measured window.
+pub(super) struct Optimal {
+    pub(super) outcome: Outcome,
+    pub(super) capacity: Capacity,
 }
 
 /// What each pass decodes: a prompt, then greedy or forced tokens.
-struct Workload {
-    prompt: Vec<u32>,
-    forced: Option<Vec<u32>>,
+pub(super) struct Workload {
+    pub(super) prompt: Vec<u32>,
+    pub(super) forced: Option<Vec<u32>>,
 }
 
 fn run_pass(
@@ -180,6 +187,7 @@ fn run_pass(
         (None, None)
     };
     let mut session = engine.new_session();
+    let mut pass_start = engine.usage().trace().mark();
     let mut pass = |engine: &mut Engine| match &work.forced {
         Some(f) => replay_pass(engine, &mut session, &work.prompt, f, args.warmup, args.tokens),
         None => decode_pass(engine, &mut session, &work.prompt, args.warmup, args.tokens),
@@ -188,9 +196,13 @@ fn run_pass(
         // The same sequence once more: every expert the measured pass routes
         // to has then been fetched once and (cap = all) stays resident.
         pass(&mut engine)?;
+        pass_start = engine.usage().trace().mark();
     }
     let result = pass(&mut engine)?;
     super::finish_usage(recorder);
+    let (trace, trace_dropped) = engine.usage().trace().since(pass_start);
+    let at = |mark: u64| (mark.saturating_sub(pass_start) as usize).min(trace.steps());
+    let window = (at(result.window_marks.0), at(result.window_marks.1));
     Ok(Pass {
         name,
         result,
@@ -199,6 +211,10 @@ fn run_pass(
         peak_rss: peak_rss_bytes(),
         usage,
         step_dense: engine.model.step_dense_bytes() as u64,
+        trace,
+        window,
+        trace_dropped,
+        capacity: engine.usage().capacity(),
     })
 }
 
@@ -268,6 +284,34 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let opts = args.engine.options();
     let work = workload(&dir, &cfg, &args)?;
     let prompt = &work;
+    let ck = Checkpoint::open(&dir)?;
+    let (map, _) = cfg.expert_map(&ck, LoadOptions::default())?;
+    drop(ck);
+
+    // The disk first, before any pass has warmed the page cache: random
+    // expert reads as the I/O workers issue them (src/bounds/disk.rs).
+    let sim = opts.disk_sim.as_deref().map(sim_bandwidth).transpose()?.flatten();
+    let disk_probe = match sim {
+        Some(_) => None,
+        None => {
+            diag!("bench: probing the disk ...");
+            Some(probe(
+                &map,
+                &ProbeOptions {
+                    bytes: args.probe_mb.max(1).saturating_mul(1 << 20),
+                    repeats: args.probe_repeats as usize,
+                    queue_depth: opts.io_workers.max(1),
+                    storage: StorageOptions {
+                        direct: opts.direct,
+                        mmap: opts.mmap,
+                        ..StorageOptions::default()
+                    },
+                    drop_cache: !args.probe_keep_cache,
+                    ..ProbeOptions::default()
+                },
+            )?)
+        }
+    };
 
     let mut passes = vec![run_pass(&dir, &opts, prompt, &args, "measured", false, true)?];
     if args.compare_no_overlap {
@@ -303,9 +347,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         )?);
     }
 
-    let ck = Checkpoint::open(&dir)?;
-    let (map, _) = cfg.expert_map(&ck, LoadOptions::default())?;
-    drop(ck);
     // The memory roofline, from the all-resident pass: its bytes a token
     // reads, over RAM read bandwidth on the same number of threads.
     let memory_bound = match passes.iter().find(|p| p.name == "all resident") {
@@ -318,8 +359,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
                 .max(1);
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
             let read_bw = pool.install(|| memory_bandwidth(512 << 20));
-            let expert_bytes =
-                map.extents.iter().map(|e| e.bytes()).sum::<u64>() as f64 / map.extents.len().max(1) as f64;
+            let expert_bytes = mean_routed_expert_bytes(&map);
             let w = &c.result.window;
             let experts_per_token = (w.hits + w.misses) as f64 / c.result.measured as f64;
             Some(MemoryBound {
@@ -333,66 +373,92 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         _ => None,
     };
 
-    // The disk: simulated bandwidth, or a sequential read of the model's own
-    // expert extents with the same O_DIRECT setting.
-    let sim = opts.disk_sim.as_deref().map(sim_bandwidth).transpose()?.flatten();
-    let (disk_bw, disk_how) = match sim {
-        Some(bw) => (bw, "simulated (--disk-sim bw)".to_string()),
-        None => {
-            let storage = StorageOptions {
-                direct: opts.direct,
-                mmap: opts.mmap,
-                ..StorageOptions::default()
-            };
-            let bw = read_bandwidth(
-                &map,
-                &storage,
-                args.probe_mb.saturating_mul(1 << 20),
-                opts.io_workers,
-            )?;
-            let how = format!(
-                "measured: {:.0} MB of expert extents in file order, {} readers via {}{}",
-                bw.bytes as f64 / 1e6,
-                bw.threads,
-                bw.kind,
-                if bw.kind == "direct" {
-                    ""
-                } else {
-                    " (the page cache may serve it)"
-                }
-            );
-            (bw.bytes_per_sec(), how)
+    let measured = &passes[0];
+    if let Some(path) = &args.trace_out {
+        crate::routing::file::save(path, &measured.trace, Some(measured.window))
+            .with_context(|| format!("--trace-out {}", path.display()))?;
+        diag!(
+            "bench: wrote the measured pass's routing ({} steps, window {}..{}) to {}",
+            measured.trace.steps(),
+            measured.window.0,
+            measured.window.1,
+            path.display()
+        );
+    }
+    let optimal = measured.capacity.map(|cap| {
+        // In-flight buffers hold experts too: counting them as cache room
+        // keeps the replay a bound whatever they end up serving.
+        let in_flight =
+            colibri_actors::pipeline::transient_expert_buffers(opts.io_workers, cfg.num_experts_per_tok);
+        let capacity = Capacity {
+            per_layer: cap.per_layer,
+            total: cap.total.map(|t| t + in_flight),
+        };
+        let window = measured.trace.slice(measured.window.0..measured.window.1);
+        Optimal {
+            outcome: replay::optimal(&window, capacity, 0),
+            capacity,
         }
+    });
+    let disk = DiskFigure {
+        probe: disk_probe,
+        simulated: sim,
+        passes: passes
+            .iter()
+            .filter(|p| p.result.window.bytes_read > 0 && p.result.decode_secs > 0.0)
+            .map(|p| {
+                (
+                    p.name.to_string(),
+                    p.result.window.bytes_read as f64 / p.result.decode_secs,
+                )
+            })
+            .collect(),
+    };
+    let io_bound = IoBound {
+        disk: disk.bandwidth(),
+        optimal_bytes: optimal.as_ref().map_or(0, |o| o.outcome.bytes),
+        read_bytes: measured.result.window.bytes_read,
+        tokens: measured.result.measured,
+    };
+    let streamed = measured
+        .result
+        .profile
+        .as_ref()
+        .is_some_and(|p| p.placement == "streamed");
+    let compute = ComputeBound {
+        resident: passes
+            .iter()
+            .find(|p| p.name == "all resident")
+            .map(|p| p.result.tok_per_s()),
+        measured_compute: measured
+            .result
+            .profile
+            .as_ref()
+            .filter(|_| streamed)
+            .and_then(|p| {
+                ComputeBound::from_waits(
+                    measured.result.measured,
+                    measured.result.decode_secs,
+                    p.wait_ns as f64 / 1e9,
+                )
+            }),
     };
 
     let mut out = super::output::stdout();
-    print_report(
-        &mut out, &dir, &cfg, &opts, &args, &work, &passes, disk_bw, &disk_how,
-    )?;
-    if let Some(m) = &memory_bound {
-        let mb = |b: f64| b / 1e6;
-        writeln!(
-            out,
-            "memory read         {:>10.1} MB/s  (same run, {} threads, best of 5 passes over 512 MB)",
-            mb(m.read_bw),
-            m.threads
-        )?;
-        writeln!(
-            out,
-            "memory bound        {:>10.3} tok/s  (memory read / {:.2} MB a token reads with every expert resident: dense step + {:.2} experts x {:.2} MB)",
-            m.tok_per_s(),
-            mb(m.bytes_per_token),
-            m.experts_per_token,
-            mb(m.expert_bytes)
-        )?;
-        if let Some(c) = passes.iter().find(|p| p.name == "all resident") {
-            writeln!(
-                out,
-                "resident / memory   {:>10.3}       (all-resident decode tok/s / memory bound: the share of RAM bandwidth decode uses)",
-                c.result.tok_per_s() / m.tok_per_s()
-            )?;
-        }
-    }
+    let report = super::bench_report::Report {
+        dir: &dir,
+        cfg: &cfg,
+        opts: &opts,
+        args: &args,
+        work: &work,
+        passes: &passes,
+        disk: &disk,
+        optimal: optimal.as_ref(),
+        io_bound: &io_bound,
+        compute: &compute,
+        memory_bound: memory_bound.as_ref(),
+    };
+    report.print(&mut out)?;
 
     if let Some(kind) = args.grammar_bench {
         grammar_report(&mut out, &dir, &cfg, kind, &passes[0].result)?;
@@ -465,187 +531,6 @@ fn grammar_report(
             "mask / decode step  {:>10.2} %        (mean mask / the measured pass's {:.0} us a token; computed while the step runs, so an upper bound)",
             100.0 * cost.mean_us / step_us,
             step_us
-        )?;
-    }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn print_report(
-    out: &mut dyn Write,
-    dir: &Path,
-    cfg: &ModelShape,
-    opts: &EngineOptions,
-    args: &BenchArgs,
-    work: &Workload,
-    passes: &[Pass],
-    disk_bw: f64,
-    disk_how: &str,
-) -> std::io::Result<()> {
-    let mb = |b: f64| b / 1e6;
-    writeln!(
-        out,
-        "model {}: {} layers, {} experts top-{}, hidden {}",
-        dir.display(),
-        cfg.num_hidden_layers,
-        cfg.num_experts,
-        cfg.num_experts_per_tok,
-        cfg.hidden_size
-    )?;
-    writeln!(
-        out,
-        "options: cache-cap {} | ram-gb {} | disk-sim {} | pilot {} | io-workers {} | direct {} | overlap {}",
-        opts.cache_cap.map_or("default".into(), |c| c.to_string()),
-        opts.ram_gb.map_or("default".into(), |g| g.to_string()),
-        opts.disk_sim.as_deref().unwrap_or("off"),
-        if opts.pilot { "on" } else { "off" },
-        opts.io_workers,
-        opts.direct,
-        opts.overlap
-    )?;
-    if let Some(u) = passes.first().and_then(|p| p.usage.as_ref()) {
-        writeln!(
-            out,
-            "usage history: {} run(s) before this one, {} expert(s) pinned at start-up (--pin {})",
-            u.history_runs,
-            u.pinned,
-            match &args.usage.pin {
-                crate::engine::usage::PinMode::Off => "off".to_string(),
-                crate::engine::usage::PinMode::Auto => "auto".to_string(),
-                crate::engine::usage::PinMode::File(p) => p.display().to_string(),
-            }
-        )?;
-    }
-    writeln!(
-        out,
-        "prompt {} tok, warm-up {} tok, measured {} tok, {}",
-        work.prompt.len(),
-        args.warmup,
-        args.tokens,
-        match &args.replay {
-            Some(p) => format!("forced from --replay {}", p.display()),
-            None => "greedy".into(),
-        }
-    )?;
-    writeln!(out)?;
-    writeln!(
-        out,
-        "{:<14} {:>9} {:>9} {:>10} {:>10} {:>10} {:>8} {:>9} {:>10} {:>9}",
-        "pass",
-        "tok/s",
-        "hit rate",
-        "read MB/t",
-        "need MB/t",
-        "waste MB/t",
-        "recall",
-        "precision",
-        "prefill s",
-        "load s"
-    )?;
-    let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.1}%", v * 100.0));
-    for p in passes {
-        let r = &p.result;
-        let prof = r.profile.as_ref();
-        writeln!(
-            out,
-            "{:<14} {:>9.3} {:>8.1}% {:>10.2} {:>10.2} {:>10.2} {:>8} {:>9} {:>10.2} {:>9.2}",
-            p.name,
-            r.tok_per_s(),
-            r.window.hit_rate() * 100.0,
-            mb(r.missed_bytes_per_token()),
-            mb(r.needed_bytes_per_token()),
-            mb(r.wasted_bytes_per_token()),
-            pct(prof.and_then(|p| p.pilot_recall())),
-            pct(prof.and_then(|p| p.pilot_precision())),
-            r.prefill_secs,
-            p.load_secs
-        )?;
-    }
-    writeln!(out)?;
-    let measured = &passes[0].result;
-    let needed = measured.needed_bytes_per_token();
-    let io_bound = if needed > 0.0 {
-        disk_bw / needed
-    } else {
-        f64::INFINITY
-    };
-    let compute = passes.iter().find(|p| p.name == "all resident");
-    writeln!(out, "disk bandwidth      {:>10.1} MB/s  {disk_how}", mb(disk_bw))?;
-    writeln!(
-        out,
-        "I/O bound           {io_bound:>10.3} tok/s  (disk bandwidth / needed bytes per token: demand reads + prefetches used; wasted prefetch {:.2} MB/tok not counted)",
-        mb(measured.wasted_bytes_per_token())
-    )?;
-    if let Some(p) = &measured.profile
-        && p.reads > 0
-        && measured.decode_secs > 0.0
-    {
-        let per_tok = |n: u64| n as f64 / measured.measured.max(1) as f64;
-        writeln!(
-            out,
-            "I/O activity        reads busy {:.1}% of the window per worker ({} workers); per token {:.2} demand loads, {:.2} prefetch loads, {:.2} prefetches dropped unread when their layer's routing skipped them, {:.2} cancelled by the next step",
-            p.read_ns as f64 / 1e9 / measured.decode_secs / opts.io_workers.max(1) as f64 * 100.0,
-            opts.io_workers,
-            per_tok(p.demand_loads),
-            per_tok(p.prefetch_loads),
-            per_tok(p.prefetch_dropped_unread),
-            per_tok(p.loads_cancelled)
-        )?;
-    }
-    let mut bound = io_bound;
-    if let Some(c) = compute {
-        let cb = c.result.tok_per_s();
-        let resident = if c.result.window.misses == 0 {
-            "every routed expert resident".to_string()
-        } else {
-            format!(
-                "NOT fully resident: {} misses in the window",
-                c.result.window.misses
-            )
-        };
-        writeln!(out, "compute bound       {cb:>10.3} tok/s  ({resident})")?;
-        bound = bound.min(cb);
-    }
-    if bound.is_finite() && bound > 0.0 {
-        writeln!(
-            out,
-            "measured / bound    {:>10.3}       (measured tok/s / min(I/O bound, compute bound))",
-            measured.tok_per_s() / bound
-        )?;
-    }
-    if let Some(strict) = passes.iter().find(|p| p.name == "no-overlap") {
-        let s = strict.result.tok_per_s();
-        if s > 0.0 {
-            writeln!(
-                out,
-                "overlap / strict   {:>10.3}       (measured tok/s / no-overlap tok/s)",
-                measured.tok_per_s() / s
-            )?;
-        }
-    }
-    if let Some(p) = &measured.profile
-        && p.pilot_routed > 0
-    {
-        writeln!(
-            out,
-            "pilot               recall {} precision {}; recall of the predictions that arrived, late ones too: {}  ({} routings unpredicted, {} predictions late, {} residuals dropped, {} stale; dropped, stale and late count as misses)",
-            pct(p.pilot_recall()),
-            pct(p.pilot_precision()),
-            pct(p.pilot_recall_untimed()),
-            p.pilot_unpredicted,
-            p.pilot_late,
-            p.pilot_dropped,
-            p.pilot_stale
-        )?;
-    }
-    let first = &passes[0];
-    writeln!(out, "{}", first.memory)?;
-    if let (Some(rss), Some(total)) = (first.peak_rss, first.memory.engine_total()) {
-        writeln!(
-            out,
-            "peak RSS            {:>10.2} GiB = {:.3} x the budget (after the measured pass)",
-            rss as f64 / (1u64 << 30) as f64,
-            rss as f64 / total as f64
         )?;
     }
     Ok(())

@@ -10,20 +10,21 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use colibri_actors::StorageOptions;
 use colibri_actors::cache::memory_headroom;
 
 use super::ModelArg;
+use crate::bounds::{ProbeOptions, probe};
 use crate::kernels::{Kernels, dispatch};
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
-use crate::synth::{ModelShape, read_bandwidth};
+use crate::synth::ModelShape;
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     #[command(flatten)]
     pub model: ModelArg,
-    /// MB of expert extents the disk probe reads (0: no probe).
+    /// MB of expert extents each of the disk probe's three repeats reads
+    /// (0: no probe).
     #[arg(long, default_value_t = 256)]
     pub probe_mb: u64,
 }
@@ -222,14 +223,13 @@ fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result
         }
     }
     if args.probe_mb > 0 && !map.extents.is_empty() {
-        let bw = read_bandwidth(&map, &StorageOptions::default(), args.probe_mb << 20, 4)?;
-        out.push(format!(
-            "disk read   {:.0} MB/s ({:.0} MB of expert extents in file order, {} readers via {}; the page cache may serve part)",
-            bw.bytes_per_sec() / 1e6,
-            bw.bytes as f64 / 1e6,
-            bw.threads,
-            bw.kind
-        ));
+        let opts = ProbeOptions {
+            bytes: args.probe_mb << 20,
+            queue_depth: crate::engine::EngineOptions::default().io_workers,
+            ..ProbeOptions::default()
+        };
+        let p = probe(&map, &opts)?;
+        out.push(format!("disk probe  {}", p.describe()));
     }
     Ok(())
 }

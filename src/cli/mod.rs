@@ -6,6 +6,7 @@
 pub mod bench;
 mod bench_conversations;
 mod bench_interfere;
+mod bench_report;
 mod bench_streams;
 pub mod chat;
 pub mod convert;
@@ -14,6 +15,7 @@ pub mod fit;
 pub mod models;
 pub mod output;
 pub mod plan;
+pub mod policy;
 pub mod run;
 pub mod serve;
 pub mod synth;
@@ -52,6 +54,9 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Measure decode speed against the I/O and compute bounds.
     Bench(bench::BenchArgs),
+    /// Replay a recorded routing trace through the cache policies (LRU,
+    /// pins, optimal) over a range of cache sizes.
+    Policy(policy::PolicyArgs),
     /// The machine and the install on one screen (CPU, kernels, memory
     /// budget, disk, a model's formats and integrity, state files).
     Doctor(doctor::DoctorArgs),
@@ -78,6 +83,7 @@ impl Command {
             | Command::Synth(_)
             | Command::Doctor(_)
             | Command::Plan(_)
+            | Command::Policy(_)
             | Command::List(_)
             | Command::Rm(_) => None,
         }
@@ -187,9 +193,11 @@ pub struct EngineArgs {
     /// expert fits the memory budget and no streaming option is given.
     #[arg(long, default_value = "auto", value_name = "auto|mapped|streamed")]
     pub placement: crate::engine::Placement,
-    /// Share of the expert cache per layer (`--cache-cap`, the byte budget)
-    /// that pins from the usage history may take, in (0, 1]; the rest
-    /// stays LRU.
+    /// The most of the expert cache per layer (`--cache-cap`, the byte
+    /// budget) pins from the usage history may take, in (0, 1]. How much
+    /// they do take is chosen by replaying the recorded routing: pins are
+    /// kept only where they beat LRU, and never when the cache holds no
+    /// more than one token's experts a layer.
     #[arg(long, default_value_t = crate::engine::usage::DEFAULT_PIN_SHARE, value_parser = parse_share, value_name = "F")]
     pub pin_share: f64,
     /// Compute threads, the calling thread included (default: every CPU,

@@ -17,18 +17,19 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use colibri_actors::{BlockingSource, ExpertKey, ExpertSource, StorageOptions, Tag};
+use colibri_actors::{BlockingSource, ExpertKey, ExpertSource, Tag};
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::ModelArg;
 use super::fit::{Placement, fit};
+use crate::bounds::{ProbeOptions, memory_bandwidth, probe};
 use crate::engine::context::ContextChoice;
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::{KvType, KvTypes};
 use crate::model::olmoe::LoadOptions;
 use crate::st::Checkpoint;
-use crate::synth::{ModelShape, memory_bandwidth, read_bandwidth};
+use crate::synth::ModelShape;
 
 use crate::engine::WORKING_SET_BYTES;
 
@@ -225,8 +226,14 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
     let mapped = f.placement == Placement::Mapped;
     let hit = f.cached_share;
 
-    let storage = StorageOptions::default();
-    let disk = read_bandwidth(&map, &storage, args.probe_mb.max(1) << 20, 4)?;
+    let disk = probe(
+        &map,
+        &ProbeOptions {
+            bytes: args.probe_mb.max(1) << 20,
+            queue_depth: crate::engine::EngineOptions::default().io_workers,
+            ..ProbeOptions::default()
+        },
+    )?;
     let compute = compute_probe(&shape, &ck, args.probe_experts)?;
     let memory = memory_bandwidth(256 << 20);
 
@@ -245,7 +252,7 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
     let t_compute = bytes_per_token / compute;
     let t_roofline = bytes_per_token / memory.max(compute);
     let miss = (1.0 - hit) * routed;
-    let t_io = miss / disk.bytes_per_sec().max(1.0);
+    let t_io = miss / disk.median().max(1.0);
     let high = 1.0 / t_roofline.max(t_io);
     let low = 1.0 / (t_compute + t_io);
 
@@ -284,7 +291,7 @@ fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
         cache_bytes,
         placement: if mapped { "mapped" } else { "streamed" },
         expected_hit_rate: hit,
-        disk_bytes_per_sec: disk.bytes_per_sec(),
+        disk_bytes_per_sec: disk.median(),
         compute_bytes_per_sec: compute,
         memory_bytes_per_sec: memory,
         bytes_per_token,
@@ -346,7 +353,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "disk         {:.0} MB/s (probe of {} MB of expert extents)",
+        "disk         {:.0} MB/s (median of 3 probes of {} MB: random expert reads, page cache dropped)",
         p.disk_bytes_per_sec / 1e6,
         args.probe_mb
     )?;

@@ -283,9 +283,14 @@ impl SourceFactory<'_> {
         };
         tracing::info!(?placement, budget = ?ram_budget_bytes, "expert placement");
         let tap = Arc::new(UsageTap::new(
-            map.layers,
-            map.experts_per_layer,
-            usage::pin_room(placement, o.cache_cap, ram_budget_bytes, &map, o.pin_share),
+            crate::routing::RoutingTrace::new(
+                map.layers,
+                map.experts_per_layer,
+                top_k,
+                usage::layer_expert_bytes(&map),
+            ),
+            usage::cache_capacity(placement, o.cache_cap, ram_budget_bytes, &map),
+            o.pin_share,
         ));
         let counted = |inner: Arc<dyn ExpertSource<ExpertWeights>>| -> Arc<dyn ExpertSource<ExpertWeights>> {
             Arc::new(CountingSource::new(inner, tap.clone()))

@@ -2,8 +2,6 @@
 
 use std::time::Instant;
 
-use rayon::prelude::*;
-
 use colibri_actors::{PipelineProfile, SourceStats};
 
 use super::WyRand;
@@ -25,6 +23,9 @@ pub struct PassResult {
     /// Pipeline counters over the measured window (demand and prefetch
     /// bytes, pilot precision); `None` for sources without them.
     pub profile: Option<PipelineProfile>,
+    /// The engine's routing-trace marks at the window's start and end
+    /// (`TraceRecorder::mark`): the window's steps are those between.
+    pub window_marks: (u64, u64),
 }
 
 impl PassResult {
@@ -153,9 +154,11 @@ fn timed_pass(
     let mut out = Vec::with_capacity(warmup + tokens);
     let mut before = (engine.stats(), engine.profile());
     let mut t1 = Instant::now();
+    let mut start_mark = engine.usage().trace().mark();
     for i in 0..warmup + tokens {
         if i == warmup {
             before = (engine.stats(), engine.profile());
+            start_mark = engine.usage().trace().mark();
             t1 = Instant::now();
         }
         let id = sampler.sample(&logits);
@@ -175,27 +178,8 @@ fn timed_pass(
         decode_secs,
         window: stats_delta(before.0, engine.stats()),
         profile,
+        window_marks: (start_mark, engine.usage().trace().mark()),
     })
-}
-
-/// Read bandwidth of memory with the calling pool's threads: the best of five
-/// passes of the kernels' SIMD read (the same loads and prefetching the
-/// matmul kernels use) over a buffer larger than any cache.
-pub fn memory_bandwidth(bytes: usize) -> f64 {
-    let k = crate::kernels::dispatch();
-    let buf: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
-    let mut best = 0f64;
-    for _ in 0..5 {
-        let t0 = Instant::now();
-        let sum = buf
-            .par_chunks(1 << 16)
-            .map(|c| k.read_sum(c))
-            .reduce(|| 0, u64::wrapping_add);
-        let secs = t0.elapsed().as_secs_f64();
-        std::hint::black_box(sum);
-        best = best.max(bytes as f64 / secs);
-    }
-    best
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 //! tensor in memory at a time, a temporary directory renamed at the end.
 
 mod decoder;
-mod disk;
 mod glm;
 mod measure;
 mod rng;
@@ -16,11 +15,8 @@ mod shape;
 mod spec;
 
 pub use decoder::{DecoderShape, Glm4Shape};
-pub use disk::{Bandwidth, DiskError, read_bandwidth, sim_bandwidth};
 pub use glm::GlmShape;
-pub use measure::{
-    PassResult, decode_pass, memory_bandwidth, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt,
-};
+pub use measure::{PassResult, decode_pass, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
 pub use shape::ModelShape;
 pub use spec::{Family, SpecError, SynthSpec};
