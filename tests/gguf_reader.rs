@@ -6,9 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use colibri::gguf::build::GgufImage;
+use colibri::gguf::config::{chat_template, config_json, model_config};
 use colibri::gguf::{
     Array, ExpertProj, GgmlType, GgufError, GgufFile, GgufModel, Value, expert_tensor_name, parse,
 };
+use colibri::model::olmoe::OlmoeConfig;
 use colibri::st::Checkpoint;
 use proptest::prelude::*;
 
@@ -217,6 +219,26 @@ fn the_split_fixture_resolves_every_tensor_to_its_shard() {
     }
     assert_eq!(per_shard, [16, 16, 7]);
     check_against_checkpoint(&split);
+}
+
+#[test]
+fn the_config_from_gguf_metadata_equals_config_json() {
+    let want = OlmoeConfig::load(&hf_dir()).unwrap();
+    let tokenizer_config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hf_dir().join("tokenizer_config.json")).unwrap()).unwrap();
+    for f in [F32, Q8, SPLIT_2] {
+        let m = GgufModel::open(&fixture(f)).unwrap();
+        let got = OlmoeConfig::from_json(Path::new(f), config_json(&m).unwrap()).unwrap();
+        assert_eq!(got, want, "{f}");
+        let c = model_config(&m).unwrap();
+        assert_eq!(c.max_positions(), 512);
+        assert_eq!(c.shape().num_experts, 8);
+        assert_eq!(
+            chat_template(&m).unwrap(),
+            tokenizer_config["chat_template"].as_str(),
+            "{f}"
+        );
+    }
 }
 
 // ---- hostile files ------------------------------------------------------------

@@ -1,13 +1,15 @@
 //! GGUF files (llama.cpp's model format), versions 2 and 3, little-endian,
 //! single or split into `name-NNNNN-of-MMMMM.gguf` shards: the header,
 //! metadata and tensor infos read and validated completely at open, the
-//! ggml type table that sizes each tensor, and the byte ranges of each
-//! routed expert. Nothing here runs a GGUF model yet (docs/gguf.md).
+//! ggml type table that sizes each tensor, the byte ranges of each routed
+//! expert, and the family hook that turns metadata into a model config.
+//! Nothing here runs a GGUF model yet (docs/gguf.md).
 //!
 //! Written here rather than taken from a crate: the GGUF crates parse but
 //! do not validate what a hostile file needs (docs/dependencies.md).
 
 pub mod build;
+pub mod config;
 mod cursor;
 mod error;
 pub mod experts;
