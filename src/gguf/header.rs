@@ -470,3 +470,60 @@ fn check_overlaps(tensors: &[TensorInfo]) -> Result<(), GgufError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::build::GgufImage;
+    use proptest::prelude::*;
+
+    fn small() -> Vec<u8> {
+        let mut g = GgufImage::new();
+        g.kv("a.b", Value::U32(1));
+        g.tensor("t", &[32, 2], GgmlType::Q8_0, &[0; 68]);
+        g.to_bytes()
+    }
+
+    #[test]
+    fn a_small_file_parses_with_its_layout() {
+        let g = parse(&small()).unwrap();
+        let t = g.tensor("t").unwrap();
+        assert_eq!(t.shape(), [2, 32]);
+        assert_eq!((t.n_elements, t.n_bytes()), (64, 68));
+        assert_eq!(t.data.start, g.data_start);
+        assert!(g.data_start.is_multiple_of(DEFAULT_ALIGNMENT));
+        assert_eq!(g.metadata.get_u32("a.b").unwrap(), 1);
+    }
+
+    #[test]
+    fn the_cursor_names_what_it_was_reading() {
+        let mut c = Cursor::new(&[1, 2]);
+        let e = c.u32(|| "the version".into()).unwrap_err().to_string();
+        assert_eq!(e, "truncated at offset 0: the version needs 4 bytes, 2 left");
+        let e = c
+            .check_count(|| "tensor".into(), u64::MAX, 33)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("tensor count 18446744073709551615 at offset 0"),
+            "{e}"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn a_cut_or_edited_file_is_refused_or_laid_out_inside_itself(
+            cut in 0usize..400, at in 0usize..400, v in any::<u8>()
+        ) {
+            let mut b = small();
+            let n = b.len();
+            b[at % n] = v;
+            b.truncate(cut.min(n));
+            if let Ok(g) = parse(&b) {
+                for t in &g.tensors {
+                    prop_assert!(t.data.end <= b.len() as u64);
+                }
+            }
+        }
+    }
+}
