@@ -14,6 +14,7 @@ pub mod config;
 pub mod convert;
 pub mod engine;
 pub mod fuzz;
+pub mod gguf;
 pub mod grammar;
 pub mod http;
 pub mod kernels;

@@ -1,5 +1,5 @@
 //! A seeded mutational fuzzer for the parsers that read untrusted bytes:
-//! safetensors headers, `config.json`, `.coli_kv` state files and `coli
+//! safetensors headers, GGUF headers, `config.json`, `.coli_kv` state files and `coli
 //! serve` frames. It runs on stable Rust (no cargo-fuzz, no nightly): each
 //! target starts from valid seed inputs, mutates them with a deterministic
 //! generator (byte flips, interesting numbers, splices, and structural edits

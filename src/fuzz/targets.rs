@@ -8,6 +8,8 @@ use colibri_actors::kv::{KvFile, KvLayout, KvLoad, KvRecords};
 
 use super::Verdict;
 use super::mutate::{Rng, byte_mutation, json_mutation, number_mutation};
+use crate::gguf::build::GgufImage;
+use crate::gguf::{Array, GgmlType, MAX_ARRAY_DEPTH, MAX_DIMS, Value, expert_slice};
 use crate::model::family::ModelConfig;
 use crate::quant::{ByteStore, QFormat};
 use crate::runtime::limits;
@@ -58,6 +60,12 @@ pub fn all_targets() -> Vec<Target> {
             seeds: batch_seeds,
             mutate: batch_mutate,
             check: batch_check,
+        },
+        Target {
+            name: "gguf-header",
+            seeds: gguf_seeds,
+            mutate: gguf_mutate,
+            check: gguf_check,
         },
     ]
 }
@@ -480,9 +488,211 @@ fn batch_check(input: &[u8]) -> Verdict {
     }
 }
 
+// ---- GGUF -----------------------------------------------------------------
+
+/// A small model-shaped GGUF: every value type, nested arrays, F32 and
+/// Q8_0 tensors, and one layer of stacked experts.
+fn gguf_seed(version: u32, alignment: Option<u32>) -> Vec<u8> {
+    let mut g = GgufImage::new();
+    g.version = version;
+    if let Some(a) = alignment {
+        g.alignment = a as u64;
+        g.kv("general.alignment", Value::U32(a));
+    }
+    g.kv("general.architecture", Value::String("olmoe".into()))
+        .kv("olmoe.expert_count", Value::U32(3))
+        .kv("olmoe.attention.layer_norm_rms_epsilon", Value::F32(1e-5))
+        .kv("olmoe.rope.freq_base", Value::F64(1e4))
+        .kv("tokenizer.ggml.add_bos_token", Value::Bool(false))
+        .kv("tokenizer.ggml.bos_token_id", Value::I32(1))
+        .kv("general.size", Value::U64(1 << 40))
+        .kv("general.small", Value::U8(7))
+        .kv("general.neg", Value::I64(-3))
+        .kv(
+            "tokenizer.ggml.tokens",
+            Value::Array(Array::String(vec!["a".into(), "bc".into(), "<|x|>".into()])),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![1, 1, 3])),
+        )
+        .kv(
+            "general.nested",
+            Value::Array(Array::Array(vec![
+                Array::U16(vec![1, 2]),
+                Array::Bool(vec![true]),
+            ])),
+        );
+    let f32s = |n: usize| {
+        (0..n)
+            .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+            .collect::<Vec<u8>>()
+    };
+    let q8 = |blocks: usize| {
+        (0..blocks)
+            .flat_map(|b| {
+                let mut blk = half::f16::from_f32(0.01 * (b + 1) as f32).to_le_bytes().to_vec();
+                blk.extend((0..32).map(|i| (i as i8 - 16) as u8));
+                blk
+            })
+            .collect::<Vec<u8>>()
+    };
+    g.tensor("token_embd.weight", &[8, 2], GgmlType::F32, &f32s(16))
+        .tensor("blk.0.attn_q.weight", &[32, 2], GgmlType::Q8_0, &q8(2))
+        .tensor("blk.0.ffn_gate_exps.weight", &[32, 2, 3], GgmlType::Q8_0, &q8(6))
+        .tensor("blk.0.ffn_up_exps.weight", &[32, 2, 3], GgmlType::Q8_0, &q8(6))
+        .tensor(
+            "blk.0.ffn_down_exps.weight",
+            &[2, 32, 3],
+            GgmlType::F32,
+            &f32s(192),
+        )
+        .tensor("output_norm.weight", &[8], GgmlType::F32, &f32s(8));
+    g.to_bytes()
+}
+
+fn gguf_seeds() -> Vec<Vec<u8>> {
+    let mut empty = GgufImage::new();
+    empty.version = 2;
+    empty.kv("general.architecture", Value::String("x".into()));
+    vec![
+        gguf_seed(3, None),
+        gguf_seed(3, Some(64)),
+        gguf_seed(2, Some(8)),
+        empty.to_bytes(),
+    ]
+}
+
+/// Integers that break counts, lengths, dims and offsets.
+const GGUF_NUMBERS: &[u64] = &[
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    8,
+    9,
+    12,
+    13,
+    31,
+    32,
+    33,
+    63,
+    64,
+    65,
+    255,
+    256,
+    65_535,
+    65_536,
+    1 << 31,
+    u32::MAX as u64,
+    1 << 32,
+    1 << 40,
+    i64::MAX as u64,
+    1 << 63,
+    u64::MAX,
+];
+
+/// Half the time an integer written over a field-sized stretch of the
+/// header (where counts, lengths, types and offsets live), else byte edits.
+fn gguf_mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
+    let mut v = base.to_vec();
+    if v.len() > 8 && rng.below(2) == 0 {
+        for _ in 0..1 + rng.below(2) {
+            let n = GGUF_NUMBERS[rng.below(GGUF_NUMBERS.len() as u64) as usize];
+            let width = if rng.below(2) == 0 { 4 } else { 8 };
+            let header = v.len().min(1200);
+            let at = rng.below((header.saturating_sub(width)) as u64 + 1) as usize;
+            let bytes = n.to_le_bytes();
+            if let Some(dst) = v.get_mut(at..at + width) {
+                dst.copy_from_slice(&bytes[..width]);
+            }
+        }
+        return v;
+    }
+    bytes_mutate(rng, base, other)
+}
+
+fn array_depth_ok(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => a.depth() <= MAX_ARRAY_DEPTH,
+        _ => true,
+    }
+}
+
+/// An accepted file's tensors lie inside it, aligned, sized by their type
+/// and dims, without overlaps; experts split inside their tensor; every key
+/// is found again and no array nests deeper than the bound.
+fn gguf_check(input: &[u8]) -> Verdict {
+    let Ok(g) = crate::gguf::parse(input) else {
+        return Verdict::Refused;
+    };
+    let len = input.len() as u64;
+    if !g.alignment.is_power_of_two() || !g.data_start.is_multiple_of(g.alignment) {
+        return Verdict::Broken(format!("alignment {} / data start {}", g.alignment, g.data_start));
+    }
+    let mut ranges = Vec::new();
+    for t in &g.tensors {
+        let elems = t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let ok = t.data.end <= len
+            && t.data.start <= t.data.end
+            && (1..=MAX_DIMS as usize).contains(&t.dims.len())
+            && elems == Some(t.n_elements)
+            && t.dims[0].is_multiple_of(t.ggml_type.block_size())
+            && t.ggml_type.bytes_for(t.n_elements) == Some(t.n_bytes())
+            && t.data.start == g.data_start + t.offset
+            && t.offset.is_multiple_of(g.alignment)
+            && g.tensor(&t.name) == Some(t);
+        if !ok {
+            return Verdict::Broken(format!("tensor {t:?} in a file of {len} bytes"));
+        }
+        if t.dims.len() == 3 {
+            for e in 0..t.dims[2].min(16) {
+                match expert_slice(t, e) {
+                    Ok((o, l)) if o >= t.data.start && o + l <= t.data.end => {}
+                    other => return Verdict::Broken(format!("{}: expert {e}: {other:?}", t.name)),
+                }
+            }
+        }
+        if t.n_bytes() > 0 {
+            ranges.push(t.data.clone());
+        }
+    }
+    ranges.sort_by_key(|r| r.start);
+    if ranges.windows(2).any(|w| w[1].start < w[0].end) {
+        return Verdict::Broken("overlapping tensors accepted".into());
+    }
+    for (k, v) in g.metadata.iter() {
+        // The same entry (by address: a NaN value is not equal to itself).
+        if !g.metadata.get(k).is_some_and(|found| std::ptr::eq(found, v)) || !array_depth_ok(v) {
+            return Verdict::Broken(format!("key {k:?}"));
+        }
+    }
+    let _ = g.metadata.get_count("olmoe.expert_count");
+    let _ = g.metadata.get_float("olmoe.attention.layer_norm_rms_epsilon");
+    let _ = g.metadata.get_str_array("tokenizer.ggml.tokens");
+    Verdict::Accepted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gguf_seeds_parse_and_their_experts_split() {
+        for s in gguf_seeds() {
+            assert!(matches!(gguf_check(&s), Verdict::Accepted));
+        }
+        let g = crate::gguf::parse(&gguf_seed(3, Some(64))).expect("seed");
+        assert_eq!(g.alignment, 64);
+        assert_eq!(g.tensors.len(), 6);
+        let gate = g.tensor("blk.0.ffn_gate_exps.weight").expect("gate");
+        assert_eq!(
+            expert_slice(gate, 2).expect("expert 2"),
+            (gate.data.start + 2 * 68, 68)
+        );
+    }
 
     /// The config target would have caught the negative `clip_qkv` panic:
     /// the mutator produces such configs, and the invariant panics on one

@@ -20,6 +20,7 @@ use super::olmoe::LoadOptions;
 use crate::chat_template::ChatFormat;
 use crate::config::{ConfigError, read_json};
 use crate::convert::{ConvertError, ModelSpec};
+use crate::gguf::{GgufError, GgufModel};
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
 
@@ -38,6 +39,24 @@ pub(crate) trait Family: Sync {
     /// Small valid config.json values the config fuzzer mutates (one per
     /// `model_type` at least, each accepted by [`Family::parse`]).
     fn fuzz_seeds(&self) -> Vec<serde_json::Value>;
+
+    /// The llama.cpp architecture names (a GGUF's `general.architecture`)
+    /// this family reads; none until the family adds its GGUF mapping in
+    /// its own folder.
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The config.json [`Family::parse`] would read, rebuilt from a GGUF's
+    /// metadata and tensor list, so a GGUF config is validated exactly as a
+    /// checkpoint's is. Called only for an architecture the family lists
+    /// in [`Family::gguf_architectures`].
+    fn gguf_config(&self, model: &GgufModel) -> Result<serde_json::Value, GgufError> {
+        Err(GgufError::Architecture {
+            found: model.architecture().unwrap_or_default().to_string(),
+            supported: supported_gguf_architectures(),
+        })
+    }
 }
 
 /// A family's validated configuration: everything the engine, `coli
@@ -146,6 +165,25 @@ pub(crate) fn family_of(model_type: &str) -> Option<&'static dyn Family> {
         .iter()
         .copied()
         .find(|f| f.model_types().contains(&model_type))
+}
+
+/// The registered entry that reads GGUF files of llama.cpp architecture
+/// `arch`, if any.
+pub(crate) fn gguf_family_of(arch: &str) -> Option<&'static dyn Family> {
+    super::FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.gguf_architectures().contains(&arch))
+}
+
+/// Every GGUF architecture a family reads, comma-separated in registry
+/// order.
+pub fn supported_gguf_architectures() -> String {
+    super::FAMILIES
+        .iter()
+        .flat_map(|f| f.gguf_architectures().iter().copied())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Every supported `model_type`, comma-separated in registry order (the
@@ -271,6 +309,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn every_gguf_architecture_maps_to_exactly_one_family() {
+        for f in super::super::FAMILIES {
+            for a in f.gguf_architectures() {
+                let owners = super::super::FAMILIES
+                    .iter()
+                    .filter(|g| g.gguf_architectures().contains(a))
+                    .count();
+                assert_eq!(owners, 1, "{a} is registered {owners} times");
+            }
+        }
+        assert_eq!(supported_gguf_architectures(), "olmoe");
     }
 
     #[test]

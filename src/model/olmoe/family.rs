@@ -44,6 +44,17 @@ impl Family for OlmoeFamily {
             "rope_scaling": null, "tie_word_embeddings": false
         })]
     }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[super::gguf::ARCH]
+    }
+
+    fn gguf_config(
+        &self,
+        model: &crate::gguf::GgufModel,
+    ) -> Result<serde_json::Value, crate::gguf::GgufError> {
+        super::gguf::config_json(model)
+    }
 }
 
 impl FamilyConfig for OlmoeConfig {

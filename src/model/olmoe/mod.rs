@@ -8,6 +8,7 @@
 mod config;
 mod family;
 mod forward;
+pub mod gguf;
 mod load;
 
 pub use crate::model::lm::{ForwardError, Logits};
