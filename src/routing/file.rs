@@ -18,6 +18,7 @@
 //! `A..B` a benchmark measured. Lines starting with `#` are comments.
 
 use std::io::{BufRead, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use colibri_actors::ExpertKey;
@@ -60,7 +61,14 @@ pub fn save(path: &Path, trace: &RoutingTrace, window: Option<(usize, usize)>) -
         }
     };
     let tmp = path.with_extension("trace.tmp");
-    let file = std::fs::File::create(&tmp).map_err(io("creating"))?;
+    // 0600 like the state files beside it: the routing follows the text.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io("creating"))?;
     let mut w = std::io::BufWriter::new(file);
     write_to(&mut w, trace, window).map_err(io("writing"))?;
     let file = w.into_inner().map_err(|e| io("writing")(e.into_error()))?;

@@ -70,9 +70,16 @@ pub fn choose(trace: &RoutingTrace, ranking: &[Vec<u32>], cap: Capacity, max_sha
     } else {
         max_share.clamp(0.0, 1.0)
     };
-    match cap.total {
-        None => per_layer(trace, ranking, cap, share),
-        Some(total) => uniform(trace, ranking, cap, total, share),
+    // A total that holds every layer's per-layer share does not bind:
+    // layers then do not compete for room.
+    let routed = (0..trace.layers)
+        .filter(|&l| trace.bytes_of(l as u32) > 0)
+        .count()
+        .max(1);
+    match (cap.total, cap.per_layer) {
+        (Some(total), Some(c)) if total >= c.saturating_mul(routed) => per_layer(trace, ranking, cap, share),
+        (Some(total), _) => uniform(trace, ranking, cap, total, share),
+        (None, _) => per_layer(trace, ranking, cap, share),
     }
 }
 

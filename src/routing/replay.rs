@@ -69,88 +69,130 @@ impl Outcome {
 /// The expert cache's policy over `trace`: `pins` (per layer) resident
 /// throughout and never evicted, the rest least-recently-used within
 /// `cap` (pins count toward both limits; pins beyond a limit are left
-/// out). The cache starts holding only the pins, whose first reads are not
-/// counted; only steps from `count_from` on are counted (the earlier ones
-/// warm the cache).
+/// out). As the cache serves a layer's fetch, the experts of one fetch
+/// that are resident are touched before the missing ones are loaded, so a
+/// load never evicts an expert the same fetch uses. The cache starts
+/// holding only the pins, whose first reads are not counted; only steps
+/// from `count_from` on are counted (the earlier ones warm the cache).
 pub fn lru(trace: &RoutingTrace, cap: Capacity, pins: &[Vec<u32>], count_from: usize) -> Outcome {
-    let mut pinned: HashSet<ExpertKey> = HashSet::new();
-    let mut pinned_in_layer = vec![0usize; trace.layers];
-    for (l, experts) in pins.iter().enumerate().take(trace.layers) {
-        for &e in experts {
-            let key = ExpertKey::new(l as u32, e);
-            let layer_full = cap.per_layer.is_some_and(|c| pinned_in_layer[l] >= c);
-            let total_full = cap.total.is_some_and(|t| pinned.len() >= t);
-            if !trace.in_shape(key) || layer_full || total_full || !pinned.insert(key) {
-                continue;
-            }
-            pinned_in_layer[l] += 1;
-        }
-    }
-    let mut tick = 0u64;
-    let mut resident: HashMap<ExpertKey, u64> = HashMap::new();
-    let mut by_layer: Vec<BTreeMap<u64, u32>> = vec![BTreeMap::new(); trace.layers];
-    let mut global: BTreeMap<u64, ExpertKey> = BTreeMap::new();
+    let mut cache = Lru::new(trace, cap, pins);
     let mut out = Outcome::default();
+    let mut order = Vec::new();
     for step in 0..trace.steps() {
-        let counted = step >= count_from;
-        for &key in trace.step(step) {
-            let l = key.layer as usize;
-            tick += 1;
-            let hit = if pinned.contains(&key) {
-                true
-            } else if let Some(old) = resident.insert(key, tick) {
-                by_layer[l].remove(&old);
-                by_layer[l].insert(tick, key.expert);
-                global.remove(&old);
-                global.insert(tick, key);
-                true
-            } else {
-                resident.remove(&key);
-                let layer_room = cap.per_layer.map(|c| c.saturating_sub(pinned_in_layer[l]));
-                let total_room = cap.total.map(|t| t.saturating_sub(pinned.len()));
-                if layer_room != Some(0) && total_room != Some(0) {
-                    let evict = |victim: ExpertKey,
-                                 resident: &mut HashMap<ExpertKey, u64>,
-                                 by_layer: &mut Vec<BTreeMap<u64, u32>>,
-                                 global: &mut BTreeMap<u64, ExpertKey>| {
-                        if let Some(t) = resident.remove(&victim) {
-                            by_layer[victim.layer as usize].remove(&t);
-                            global.remove(&t);
-                        }
-                    };
-                    if let Some(room) = layer_room {
-                        while by_layer[l].len() >= room {
-                            let Some((_, &e)) = by_layer[l].first_key_value() else {
-                                break;
-                            };
-                            evict(
-                                ExpertKey::new(key.layer, e),
-                                &mut resident,
-                                &mut by_layer,
-                                &mut global,
-                            );
-                        }
-                    }
-                    if let Some(room) = total_room {
-                        while global.len() >= room {
-                            let Some((_, &victim)) = global.first_key_value() else {
-                                break;
-                            };
-                            evict(victim, &mut resident, &mut by_layer, &mut global);
-                        }
-                    }
-                    resident.insert(key, tick);
-                    by_layer[l].insert(tick, key.expert);
-                    global.insert(tick, key);
+        let keys = trace.step(step);
+        let mut i = 0;
+        while i < keys.len() {
+            let layer = keys[i].layer;
+            let j = i + keys[i..].iter().take_while(|k| k.layer == layer).count();
+            let group = &keys[i..j];
+            order.clear();
+            order.extend(group.iter().copied().filter(|&k| cache.holds(k)));
+            order.extend(group.iter().copied().filter(|&k| !cache.holds(k)));
+            for &key in &order {
+                let hit = cache.access(key);
+                if step >= count_from {
+                    out.count(hit, trace.bytes_of(key.layer));
                 }
-                false
-            };
-            if counted {
-                out.count(hit, trace.bytes_of(key.layer));
             }
+            i = j;
         }
     }
     out
+}
+
+/// The state of an [`lru`] replay.
+struct Lru {
+    cap: Capacity,
+    pinned: HashSet<ExpertKey>,
+    pinned_in_layer: Vec<usize>,
+    tick: u64,
+    resident: HashMap<ExpertKey, u64>,
+    by_layer: Vec<BTreeMap<u64, u32>>,
+    global: BTreeMap<u64, ExpertKey>,
+}
+
+impl Lru {
+    fn new(trace: &RoutingTrace, cap: Capacity, pins: &[Vec<u32>]) -> Self {
+        let mut pinned: HashSet<ExpertKey> = HashSet::new();
+        let mut pinned_in_layer = vec![0usize; trace.layers];
+        for (l, experts) in pins.iter().enumerate().take(trace.layers) {
+            for &e in experts {
+                let key = ExpertKey::new(l as u32, e);
+                let layer_full = cap.per_layer.is_some_and(|c| pinned_in_layer[l] >= c);
+                let total_full = cap.total.is_some_and(|t| pinned.len() >= t);
+                if !trace.in_shape(key) || layer_full || total_full || !pinned.insert(key) {
+                    continue;
+                }
+                pinned_in_layer[l] += 1;
+            }
+        }
+        Self {
+            cap,
+            pinned,
+            pinned_in_layer,
+            tick: 0,
+            resident: HashMap::new(),
+            by_layer: vec![BTreeMap::new(); trace.layers],
+            global: BTreeMap::new(),
+        }
+    }
+
+    fn holds(&self, key: ExpertKey) -> bool {
+        self.pinned.contains(&key) || self.resident.contains_key(&key)
+    }
+
+    fn evict(&mut self, victim: ExpertKey) {
+        if let Some(t) = self.resident.remove(&victim) {
+            self.by_layer[victim.layer as usize].remove(&t);
+            self.global.remove(&t);
+        }
+    }
+
+    /// One fetch of `key`: whether it was resident.
+    fn access(&mut self, key: ExpertKey) -> bool {
+        let l = key.layer as usize;
+        self.tick += 1;
+        let tick = self.tick;
+        if self.pinned.contains(&key) {
+            return true;
+        }
+        if let Some(old) = self.resident.insert(key, tick) {
+            self.by_layer[l].remove(&old);
+            self.by_layer[l].insert(tick, key.expert);
+            self.global.remove(&old);
+            self.global.insert(tick, key);
+            return true;
+        }
+        self.resident.remove(&key);
+        let layer_room = self
+            .cap
+            .per_layer
+            .map(|c| c.saturating_sub(self.pinned_in_layer[l]));
+        let total_room = self.cap.total.map(|t| t.saturating_sub(self.pinned.len()));
+        if layer_room == Some(0) || total_room == Some(0) {
+            return false;
+        }
+        if let Some(room) = layer_room {
+            while self.by_layer[l].len() >= room {
+                let Some((_, &e)) = self.by_layer[l].first_key_value() else {
+                    break;
+                };
+                self.evict(ExpertKey::new(key.layer, e));
+            }
+        }
+        if let Some(room) = total_room {
+            while self.global.len() >= room {
+                let Some((_, &victim)) = self.global.first_key_value() else {
+                    break;
+                };
+                self.evict(victim);
+            }
+        }
+        self.resident.insert(key, tick);
+        self.by_layer[l].insert(tick, key.expert);
+        self.global.insert(tick, key);
+        false
+    }
 }
 
 /// The fewest loads any policy holding at most `cap` experts could make
@@ -322,7 +364,13 @@ mod tests {
         let room = cap.saturating_sub(pins.len());
         let mut loads = 0;
         for s in 0..t.steps() {
-            for k in t.step(s) {
+            // Each layer's resident experts first, then its missing ones.
+            let mut keys: Vec<ExpertKey> = t.step(s).to_vec();
+            keys.sort_by_key(|k| {
+                let held = pins.contains(&k.expert) || lists[k.layer as usize].contains(&k.expert);
+                (k.layer, !held)
+            });
+            for k in &keys {
                 if pins.contains(&k.expert) {
                     continue;
                 }
