@@ -2,10 +2,11 @@
 //! measured apart from any decode run.
 //!
 //! Decode reads whole experts at random places in the file, one read per
-//! expert, with as many reads in flight as there are I/O workers. The probe
-//! does the same: a seeded random sample of the model's own expert extents,
-//! block-aligned, through the storage backend the run uses (O_DIRECT or
-//! buffered), with one reader per worker, repeated on fresh samples so the
+//! expert (per span of nearby pieces), with as many reads in flight as
+//! there are I/O workers. The probe does the same: a seeded random sample
+//! of the model's own expert extents, planned and read as the workers read
+//! them (`read_into` a block-aligned buffer, in place under O_DIRECT),
+//! through the storage backend the run uses, with one reader per worker, repeated on fresh samples so the
 //! spread shows. Before each repeat the files' cached pages are dropped
 //! (`posix_fadvise(DONTNEED)`, which needs no privileges and drops only
 //! clean pages nobody maps) and the share of the sample still cached
@@ -17,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use colibri_actors::{
-    AlignedBuf, ExpertKey, ExpertMap, FileId, SimSpec, SourceError, Storage, StorageOptions,
-};
+use colibri_actors::expert::ReadSpan;
+use colibri_actors::source::MAX_READ_GAP;
+use colibri_actors::{AlignedBuf, ExpertKey, ExpertMap, SimSpec, SourceError, Storage, StorageOptions};
 
 use crate::synth::WyRand;
 
@@ -186,34 +187,29 @@ impl DiskProbe {
 
 const BLOCK: u64 = 4096;
 
-/// `(file, block-aligned offset, length)` of every routed expert's read.
-fn expert_reads(map: &ExpertMap) -> Vec<(FileId, u64, u64)> {
+/// One expert's reads as the I/O workers plan them (pieces closer than
+/// the workers' gap merged into one span).
+type ExpertReads = Vec<ReadSpan>;
+
+/// Every routed expert's reads.
+fn expert_reads(map: &ExpertMap) -> Vec<ExpertReads> {
     let mut reads = Vec::new();
     for l in 0..map.layers {
         for e in 0..map.experts_per_layer {
             let Ok(extent) = map.extent(ExpertKey::new(l as u32, e as u32)) else {
                 continue;
             };
-            let Some(first) = extent.pieces.first() else {
-                continue;
-            };
-            let start = extent
-                .pieces
-                .iter()
-                .map(|p| p.offset)
-                .min()
-                .unwrap_or(first.offset);
-            let end = extent
-                .pieces
-                .iter()
-                .map(|p| p.offset + p.len)
-                .max()
-                .unwrap_or(start);
-            let lo = start / BLOCK * BLOCK;
-            reads.push((first.file, lo, end.next_multiple_of(BLOCK) - lo));
+            let (spans, _) = extent.plan_reads(MAX_READ_GAP);
+            if !spans.is_empty() {
+                reads.push(spans);
+            }
         }
     }
     reads
+}
+
+fn bytes_of(r: &ExpertReads) -> u64 {
+    r.iter().map(|s| s.len).sum()
 }
 
 /// Runs the probe over `map`'s expert extents (see the module docs).
@@ -250,7 +246,7 @@ pub fn probe(map: &ExpertMap, opts: &ProbeOptions) -> Result<DiskProbe, DiskErro
             secs: t0.elapsed().as_secs_f64(),
             cached_before,
         });
-        read_total.0 += sample.iter().map(|r| r.2).sum::<u64>();
+        read_total.0 += sample.iter().map(bytes_of).sum::<u64>();
         read_total.1 += sample.len() as u64;
     }
     Ok(DiskProbe {
@@ -264,7 +260,7 @@ pub fn probe(map: &ExpertMap, opts: &ProbeOptions) -> Result<DiskProbe, DiskErro
 
 /// A random sample of `reads` (without repeats) totalling at least
 /// `bytes`, or all of them.
-fn sample(reads: &[(FileId, u64, u64)], bytes: u64, rng: &mut WyRand) -> Vec<(FileId, u64, u64)> {
+fn sample(reads: &[ExpertReads], bytes: u64, rng: &mut WyRand) -> Vec<ExpertReads> {
     let mut order: Vec<usize> = (0..reads.len()).collect();
     let mut out = Vec::new();
     let mut total = 0u64;
@@ -274,18 +270,17 @@ fn sample(reads: &[(FileId, u64, u64)], bytes: u64, rng: &mut WyRand) -> Vec<(Fi
         }
         let j = i + (rng.next_u64() % (order.len() - i) as u64) as usize;
         order.swap(i, j);
-        let r = reads[order[i]];
-        total += r.2;
+        let r = reads[order[i]].clone();
+        total += bytes_of(&r);
         out.push(r);
     }
     out
 }
 
-fn read_all(
-    storage: &Arc<dyn Storage>,
-    reads: &[(FileId, u64, u64)],
-    threads: usize,
-) -> Result<u64, DiskError> {
+/// Reads every sampled expert as an I/O worker does: each span into one
+/// block-aligned buffer with `read_into` (in place under O_DIRECT), the
+/// experts shared round-robin among `threads` readers.
+fn read_all(storage: &Arc<dyn Storage>, reads: &[ExpertReads], threads: usize) -> Result<u64, DiskError> {
     let results: Vec<Result<u64, DiskError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -293,17 +288,26 @@ fn read_all(
                 scope.spawn(move || -> Result<u64, DiskError> {
                     let mut buf = AlignedBuf::zeroed(BLOCK as usize);
                     let mut bytes = 0u64;
-                    for &(file, off, len) in reads.iter().skip(t).step_by(threads) {
-                        let len = len as usize;
-                        if buf.capacity() < len {
-                            buf = AlignedBuf::zeroed(len);
+                    for expert in reads.iter().skip(t).step_by(threads) {
+                        let total = bytes_of(expert) as usize;
+                        // Room for the last span's block rounding, as the
+                        // workers' pool gives.
+                        let room = total.next_multiple_of(BLOCK as usize) + BLOCK as usize;
+                        if buf.capacity() < room {
+                            buf = AlignedBuf::zeroed(room);
                         }
-                        let dst = &mut buf.full_capacity_mut()[..len];
-                        let n = storage.read_at(file, off, dst).map_err(|source| DiskError::Io {
-                            path: storage.path(file).map(PathBuf::from).unwrap_or_default(),
-                            source,
-                        })?;
-                        bytes += n as u64;
+                        buf.set_len(total);
+                        let mut at = 0usize;
+                        for s in expert {
+                            let n = storage
+                                .read_into(s.file, s.offset, &mut buf, at, s.len as usize)
+                                .map_err(|source| DiskError::Io {
+                                    path: storage.path(s.file).map(PathBuf::from).unwrap_or_default(),
+                                    source,
+                                })?;
+                            bytes += n as u64;
+                            at += s.len as usize;
+                        }
                     }
                     Ok(bytes)
                 })
@@ -338,11 +342,12 @@ fn drop_cached(files: &[PathBuf]) -> Result<(), String> {
 /// Share of the sampled bytes resident in the page cache, by `mincore`
 /// over a read-only mapping of each file; `None` when a file cannot be
 /// mapped.
-fn cached_share(files: &[PathBuf], sample: &[(FileId, u64, u64)]) -> Option<f64> {
+fn cached_share(files: &[PathBuf], sample: &[ExpertReads]) -> Option<f64> {
     let maps: Vec<memmap2::Mmap> = files.iter().map(|f| map_file(f)).collect::<Option<_>>()?;
     let page = rustix::param::page_size() as u64;
     let (mut cached, mut total) = (0u64, 0u64);
-    for &(file, off, len) in sample {
+    for span in sample.iter().flatten() {
+        let (file, off, len) = (span.file, span.offset, span.len);
         let m = maps.get(file as usize)?;
         let lo = (off / page * page).min(m.len() as u64);
         let hi = (off + len).min(m.len() as u64);
@@ -417,11 +422,12 @@ mod tests {
         // Samples are drawn without repeats and cover at most the file.
         let all = expert_reads(&map);
         let mut rng = WyRand::new(1);
-        let mut s = sample(&all, u64::MAX, &mut rng);
+        let s = sample(&all, u64::MAX, &mut rng);
         assert_eq!(s.len(), 64);
-        s.sort_unstable();
-        s.dedup();
-        assert_eq!(s.len(), 64);
+        let mut offsets: Vec<u64> = s.iter().map(|r| r[0].offset).collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        assert_eq!(offsets.len(), 64);
         assert!(matches!(
             probe(&ExpertMap::new(vec![], 1, 1), &opts),
             Err(DiskError::NoExperts)
