@@ -170,9 +170,24 @@ impl LanguageModel for Replay {
     }
 }
 
+/// CPU seconds this process has used (every thread; /proc/self/stat's
+/// utime + stime at 100 ticks a second), 0 where unreadable.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which ends at the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
+    (tick(11) + tick(12)) / 100.0
+}
+
 /// What one measured run did.
 struct Run {
     tok_per_s: f64,
+    /// Tokens per CPU second of the process: what the run would do on
+    /// cores of its own, when the machine is shared (as here).
+    tok_per_cpu_s: f64,
     steps: u64,
     proposed: u64,
     accepted: u64,
@@ -207,7 +222,7 @@ fn run(
 ) -> anyhow::Result<Run> {
     let h = lp.handle();
     let m0 = h.metrics();
-    let t0 = Instant::now();
+    let (t0, c0) = (Instant::now(), cpu_secs());
     let mut ss = (0..streams)
         .map(|i| h.submit(request(i, &prompts[i % prompts.len()], n)))
         .collect::<Result<Vec<_>, _>>()?;
@@ -230,9 +245,11 @@ fn run(
         total += got.len();
     }
     let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_secs() - c0;
     let m1 = h.metrics();
     Ok(Run {
         tok_per_s: total as f64 / secs,
+        tok_per_cpu_s: total as f64 / cpu.max(1e-9),
         steps: m1.steps - m0.steps,
         proposed: m1.draft_proposed - m0.draft_proposed,
         accepted: m1.draft_accepted - m0.draft_accepted,
@@ -254,70 +271,77 @@ fn main() -> anyhow::Result<()> {
     };
     let mut placement = String::new();
     let (mut prompts, mut replies, mut convs) = (Vec::new(), Vec::new(), Vec::new());
-    // 0: drafts off.
+    // 0: drafts off. One loop per setting, all alive at once, so that the
+    // runs compared interleave closely (this machine is shared).
     let ks: Vec<usize> = std::iter::once(0).chain(args.draft_k.iter().copied()).collect();
+    let mut loops = Vec::new();
+    for &k in &ks {
+        let mut engine =
+            Engine::load(&args.model, &opts).with_context(|| format!("loading {}", args.model.display()))?;
+        if convs.is_empty() {
+            let tok = engine.tokenizer()?;
+            for c in list {
+                let p = tok.encode(c["prompt"].as_str().unwrap_or_default())?;
+                let r = tok.encode(c["reply"].as_str().unwrap_or_default())?;
+                let mut all = p.clone();
+                all.extend(&r);
+                prompts.push(p);
+                replies.push(r);
+                convs.push(all);
+            }
+            let lens: Vec<(usize, usize)> = prompts
+                .iter()
+                .zip(&replies)
+                .map(|(p, r)| (p.len(), r.len()))
+                .collect();
+            eprintln!("conversations (prompt, reply tokens): {lens:?}");
+        }
+        placement = engine.memory.to_string();
+        engine.stop_ids.clear();
+        let inner = engine.model;
+        engine.model = Box::new(Replay {
+            inner,
+            convs: Arc::new(convs.clone()),
+            owner: HashMap::new(),
+        });
+        let longest = convs.iter().map(Vec::len).max().unwrap_or(0);
+        let cfg = LoopConfig {
+            slots: streams,
+            max_ctx: engine.model.max_positions().min(longest + 64),
+            queue_cap: streams,
+            threads: args.engine.threads.map(|t| t as usize),
+            draft: (k > 0).then(|| SpecOptions {
+                mode: DraftMode::Ngram,
+                max_draft: k,
+                ..SpecOptions::default()
+            }),
+            ..LoopConfig::default()
+        };
+        let lp = DecodeLoop::spawn(engine, &cfg, Box::new(std::io::sink()))?;
+        // Prompts in first (prefill only), then one unmeasured pass.
+        let h = lp.handle();
+        for i in 0..streams {
+            let mut s = h.submit(request(i, &prompts[i % prompts.len()], 0))?;
+            while !matches!(s.recv(), Some(Event::Done(_) | Event::Failed(_)) | None) {}
+        }
+        run(&lp, &prompts, &replies, streams, 16)?;
+        loops.push((k, lp));
+    }
     let mut results: HashMap<(usize, usize), Vec<Run>> = HashMap::new();
     for round in 1..=args.rounds.max(1) {
-        for &k in &ks {
-            let mut engine = Engine::load(&args.model, &opts)
-                .with_context(|| format!("loading {}", args.model.display()))?;
-            if convs.is_empty() {
-                let tok = engine.tokenizer()?;
-                for c in list {
-                    let p = tok.encode(c["prompt"].as_str().unwrap_or_default())?;
-                    let r = tok.encode(c["reply"].as_str().unwrap_or_default())?;
-                    let mut all = p.clone();
-                    all.extend(&r);
-                    prompts.push(p);
-                    replies.push(r);
-                    convs.push(all);
-                }
-                let lens: Vec<(usize, usize)> = prompts
-                    .iter()
-                    .zip(&replies)
-                    .map(|(p, r)| (p.len(), r.len()))
-                    .collect();
-                eprintln!("conversations (prompt, reply tokens): {lens:?}");
-            }
-            placement = engine.memory.to_string();
-            engine.stop_ids.clear();
-            let inner = engine.model;
-            engine.model = Box::new(Replay {
-                inner,
-                convs: Arc::new(convs.clone()),
-                owner: HashMap::new(),
-            });
-            let longest = convs.iter().map(Vec::len).max().unwrap_or(0);
-            let cfg = LoopConfig {
-                slots: streams,
-                max_ctx: engine.model.max_positions().min(longest + 64),
-                queue_cap: streams,
-                threads: args.engine.threads.map(|t| t as usize),
-                draft: (k > 0).then(|| SpecOptions {
-                    mode: DraftMode::Ngram,
-                    max_draft: k,
-                    ..SpecOptions::default()
-                }),
-                ..LoopConfig::default()
-            };
-            let lp = DecodeLoop::spawn(engine, &cfg, Box::new(std::io::sink()))?;
-            // Prompts in first (prefill only), then one unmeasured pass.
-            let h = lp.handle();
-            for i in 0..streams {
-                let mut s = h.submit(request(i, &prompts[i % prompts.len()], 0))?;
-                while !matches!(s.recv(), Some(Event::Done(_) | Event::Failed(_)) | None) {}
-            }
-            run(&lp, &prompts, &replies, streams, 16)?;
-            for n in [1, streams] {
-                let r = run(&lp, &prompts, &replies, n, args.tokens)?;
+        for n in [1, streams] {
+            for (k, lp) in &loops {
+                let r = run(lp, &prompts, &replies, n, args.tokens)?;
                 eprintln!(
-                    "round {round}: drafts of {k}, {n} stream(s): {:.2} tok/s, {} steps, {}/{} drafts accepted",
-                    r.tok_per_s, r.steps, r.accepted, r.proposed
+                    "round {round}: drafts of {k}, {n} stream(s): {:.2} tok/s, {:.2} tok/cpu-s, {} steps, {}/{} drafts accepted",
+                    r.tok_per_s, r.tok_per_cpu_s, r.steps, r.accepted, r.proposed
                 );
-                results.entry((k, n)).or_default().push(r);
+                results.entry((*k, n)).or_default().push(r);
             }
-            lp.shutdown()?;
         }
+    }
+    for (_, lp) in loops {
+        lp.shutdown()?;
     }
     println!("model {}: {placement}", args.model.display());
     println!(
@@ -325,17 +349,18 @@ fn main() -> anyhow::Result<()> {
         args.tokens, args.rounds
     );
     println!(
-        "{:<8} {:>7} {:>10} {:>10} {:>10} {:>9}",
-        "streams", "drafts", "tok/s", "steps", "accepted", "speed-up"
+        "{:<8} {:>8} {:>9} {:>9} {:>11} {:>9} {:>7} {:>10}",
+        "streams", "drafts", "tok/s", "speed-up", "tok/cpu-s", "speed-up", "steps", "accepted"
     );
     for n in [1, streams] {
-        let off = median(results[&(0, n)].iter().map(|r| r.tok_per_s).collect());
+        let med = |k: usize, f: fn(&Run) -> f64| median(results[&(k, n)].iter().map(f).collect());
+        let (off, off_cpu) = (med(0, |r| r.tok_per_s), med(0, |r| r.tok_per_cpu_s));
         for &k in &ks {
             let rs = &results[&(k, n)];
-            let tps = median(rs.iter().map(|r| r.tok_per_s).collect());
+            let (tps, cps) = (med(k, |r| r.tok_per_s), med(k, |r| r.tok_per_cpu_s));
             let last = &rs[rs.len() - 1];
             println!(
-                "{:<8} {:>7} {:>10.2} {:>10} {:>10} {:>9.2}",
+                "{:<8} {:>8} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>7} {:>10}",
                 n,
                 if k == 0 {
                     "off".to_string()
@@ -343,9 +368,11 @@ fn main() -> anyhow::Result<()> {
                     format!("ngram {k}")
                 },
                 tps,
+                tps / off,
+                cps,
+                cps / off_cpu,
                 last.steps,
-                format!("{}/{}", last.accepted, last.proposed),
-                tps / off
+                format!("{}/{}", last.accepted, last.proposed)
             );
         }
     }
