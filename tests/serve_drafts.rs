@@ -5,12 +5,14 @@
 //! step truncated; drafts are actually accepted on prompts that repeat
 //! text; stop strings and token limits cut where they cut without drafts;
 //! and seeded sampling with drafts is reproducible and independent of what
-//! runs beside it. Nothing here waits on time.
+//! runs beside it; a constrained request beside a drafting one decodes
+//! without drafts, as it would with drafting off. Nothing here waits on time.
 
 use std::path::{Path, PathBuf};
 
 use colibri::engine::speculative::{DraftMode, SpecOptions};
 use colibri::engine::{Engine, EngineOptions};
+use colibri::runtime::constraint::ConstraintSpec;
 use colibri::runtime::{
     DecodeLoop, Event, Finish, GenRequest, LoopConfig, MetricsSnapshot, PromptMode, RequestError,
     RequestStream, SlotChoice,
@@ -290,4 +292,46 @@ fn sampled_drafts_are_seeded_and_do_not_depend_on_the_batch() {
         let (alone, _) = run(rel, d.clone(), &prompts[i..=i], 40, &s[i..=i]);
         assert_eq!(tokens_of(&alone)[0], tokens_of(&a)[i], "stream {i}");
     }
+}
+
+#[test]
+fn a_constrained_request_decodes_without_drafts_beside_a_drafting_one() {
+    let rel = "models/colibri-tiny";
+    let prompts = repeating_prompts(300, 1);
+    let sampled = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        seed: 3,
+    };
+    let json = || GenRequest {
+        constraint: Some(ConstraintSpec::JsonObject),
+        ..req(vec![2, 40, 3], 48, sampled)
+    };
+    let both = |draft: Option<SpecOptions>| {
+        let lp = start(rel, 2, draft);
+        let h = lp.handle();
+        // Alone first: nothing drafts.
+        let alone = drain(&mut h.submit(json()).unwrap());
+        assert_eq!(h.metrics().draft_verifies, 0, "a constrained request drafted");
+        let mut j = h.submit(json()).unwrap();
+        let mut free = h
+            .submit(req(prompts[0].clone(), 40, SamplingParams::default()))
+            .unwrap();
+        let out = (alone, drain(&mut j), drain(&mut free));
+        lp.shutdown().unwrap();
+        out
+    };
+    let plain = both(None);
+    let spec = both(Some(always(DraftMode::Ngram, 4)));
+    assert!(plain.0.2.is_ok() && spec.0.2.is_ok() && spec.1.2.is_ok());
+    assert_eq!(
+        spec.0.0, plain.0.0,
+        "the constrained reply changed with drafting on"
+    );
+    assert_eq!(
+        spec.1.0, plain.1.0,
+        "the constrained reply changed beside a drafting one"
+    );
+    assert_eq!(spec.2.0, plain.2.0);
 }
