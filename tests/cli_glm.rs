@@ -108,7 +108,7 @@ fn drafts_refuse_sampling_and_bad_values() {
     assert!(stderr(&o).contains("greedy"), "{}", stderr(&o));
     let o = coli(&["run", "--model", d, "--prompt-ids", "1,2,3", "--draft", "eagle"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("off, mtp or ngram"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("off, auto, mtp or ngram"), "{}", stderr(&o));
     let o = coli(&[
         "run",
         "--model",

@@ -388,3 +388,28 @@ fn chat_piped_replies_and_quits() {
     );
     assert!(err.contains(":more continues"), "{err}");
 }
+
+#[test]
+fn drafts_change_no_greedy_reply() {
+    let model = tiny_chat_model();
+    let body =
+        "<|user|>\nSay it twice: the river runs to the sea, the river runs to the sea.\n<|assistant|>\n"
+            .as_bytes();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--no-kv-save", "--kv-slots", "2"];
+        args.extend_from_slice(extra);
+        let mut s = Server::start(&model, &args);
+        let r = s.prompt(body, &format!("40 {GREEDY}"));
+        let (status, err) = s.finish();
+        assert!(status.success(), "{status:?} {err}");
+        (r, err)
+    };
+    let (plain, err) = run(&[]);
+    assert!(err.contains("drafts off"), "{err}");
+    for mode in ["ngram", "auto"] {
+        let (spec, err) = run(&["--draft", mode, "--draft-k", "4"]);
+        assert_eq!(spec.text, plain.text, "--draft {mode}");
+        assert_eq!(spec.field(0), plain.field(0), "--draft {mode}");
+        assert!(err.contains("n-gram drafts of 4"), "{err}");
+    }
+}

@@ -11,6 +11,7 @@ mod bench_streams;
 pub mod chat;
 pub mod convert;
 pub mod doctor;
+pub mod draft;
 pub mod fit;
 pub mod models;
 pub mod output;

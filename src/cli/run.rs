@@ -10,7 +10,7 @@ use super::output::diag;
 use super::{EngineArgs, ModelArg, parse_ids};
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::engine::Engine;
-use crate::engine::speculative::{DraftMode, SpecOptions, Speculator};
+use crate::engine::speculative::{DraftMode, Speculator};
 use crate::runtime::limits;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::StreamDecoder;
@@ -49,14 +49,9 @@ pub struct RunArgs {
     /// Print the generated token ids on one line instead of text.
     #[arg(long)]
     pub ids: bool,
-    /// Speculative decoding (greedy only; tokens are identical to plain
-    /// greedy): off, mtp (the model's next-token head; n-gram lookup when it
-    /// has none) or ngram (prompt lookup).
-    #[arg(long, default_value = "off", value_parser = parse_draft)]
-    pub draft: Draft,
-    /// Tokens drafted per verification forward.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=15))]
-    pub draft_k: u64,
+    /// Speculative decoding (greedy only here; `coli serve` also samples).
+    #[command(flatten)]
+    pub draft: super::draft::DraftArgs,
     /// Directory of the usage history (default:
     /// $XDG_STATE_HOME/colibri/<model fingerprint>, ~/.local/state/... when unset).
     #[arg(long)]
@@ -65,19 +60,6 @@ pub struct RunArgs {
     pub usage: super::UsageArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
-}
-
-/// `--draft`: off, or where drafts come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Draft(pub Option<DraftMode>);
-
-fn parse_draft(s: &str) -> Result<Draft, String> {
-    match s {
-        "off" => Ok(Draft(None)),
-        "mtp" => Ok(Draft(Some(DraftMode::Mtp))),
-        "ngram" => Ok(Draft(Some(DraftMode::Ngram))),
-        _ => Err(format!("expected off, mtp or ngram, got {s:?}")),
-    }
 }
 
 /// The stderr line summarising a speculative run.
@@ -121,9 +103,9 @@ pub fn chat_prompt(dir: &Path, text: &str) -> anyhow::Result<String> {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    if args.draft.0.is_some() && args.temperature > 0.0 {
+    if args.draft.draft.0.is_some() && args.temperature > 0.0 {
         return Err(super::usage(format!(
-            "--draft needs greedy decoding (--temperature 0, got {}): speculative sampling is not implemented",
+            "--draft needs greedy decoding (--temperature 0, got {}): `coli run` verifies greedy drafts only (`coli serve --draft` samples)",
             args.temperature
         )));
     }
@@ -160,13 +142,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let max_tokens = limits::reply_budget(prompt.len(), args.max_tokens, ctx);
     let mut session = engine.new_session();
-    session.spec = args.draft.0.map(|mode| {
-        Speculator::new(SpecOptions {
-            mode,
-            max_draft: args.draft_k as usize,
-            ..SpecOptions::default()
-        })
-    });
+    session.spec = args.draft.options().map(Speculator::new);
     let mut sampler = Sampler::new(SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,

@@ -9,6 +9,7 @@ use clap::Args;
 
 use super::output::diag;
 use super::{EngineArgs, ModelArg};
+use crate::engine::speculative::DraftMode;
 use crate::engine::{Engine, PromptCacheSize};
 use crate::http::{Defaults, HttpConfig};
 use crate::runtime::limits;
@@ -101,6 +102,10 @@ pub struct ServeArgs {
     /// frames with client ids, several requests in flight at once.
     #[arg(long)]
     pub batch: bool,
+    /// Speculative decoding of every unconstrained request; requests with
+    /// a grammar or schema decode without drafts.
+    #[command(flatten)]
+    pub draft: super::draft::DraftArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -128,6 +133,15 @@ fn prompt_cache_note(bytes: u64) -> String {
         "prompt cache off".to_string()
     } else {
         format!("prompt cache {:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// The speculative decoding part of the ready line.
+fn draft_note(draft: Option<(DraftMode, usize)>) -> String {
+    match draft {
+        None => "drafts off".to_string(),
+        Some((DraftMode::Mtp, k)) => format!("MTP drafts of {k}"),
+        Some((_, k)) => format!("n-gram drafts of {k}"),
     }
 }
 
@@ -179,6 +193,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         threads: args.engine.threads.map(|t| t as usize),
         state_dir: state_dir.clone(),
         queue_cap: args.queue.unwrap_or(LoopConfig::default().queue_cap),
+        draft: args.draft.options(),
         ..LoopConfig::default()
     };
     let decode = DecodeLoop::spawn(engine, &loop_cfg, Box::new(std::io::stderr()))
@@ -221,9 +236,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         _ => "saving off".to_string(),
     };
     diag!(
-        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving}, {})",
+        "coli serve: {} ready ({kv_slots} slot(s), context {max_ctx}, {saving}, {}, {})",
         dir.display(),
-        prompt_cache_note(server.handle().info().prompt_cache_bytes)
+        prompt_cache_note(server.handle().info().prompt_cache_bytes),
+        draft_note(server.handle().info().draft)
     );
     let stdin = std::io::stdin().lock();
     // The session flushes after every streamed piece and every closing line.
@@ -271,7 +287,11 @@ fn serve_http(
         _ => "saving off".to_string(),
     };
     let open = !addr.ip().is_loopback() && args.api_key.is_none();
-    let cache = prompt_cache_note(decode.handle().info().prompt_cache_bytes);
+    let cache = format!(
+        "{}, {}",
+        prompt_cache_note(decode.handle().info().prompt_cache_bytes),
+        draft_note(decode.handle().info().draft)
+    );
     crate::http::serve(decode, cfg, |bound| {
         if open {
             diag!("coli serve: warning: {bound} is reachable from other machines and no --api-key is set");

@@ -13,7 +13,9 @@
 
 use super::generate::{GenStats, Session, StopReason};
 use super::{Engine, EngineError};
-use crate::model::glm::ABSORB_MAX_TOKENS as MAX_VERIFY_TOKENS;
+/// Most positions one verification forward may hold (the draft and the
+/// token before it).
+pub use crate::model::glm::ABSORB_MAX_TOKENS as MAX_VERIFY_TOKENS;
 use crate::model::lm::Logits;
 use crate::model::ops::argmax;
 
@@ -97,24 +99,14 @@ impl Speculator {
         if let Some(m) = self.using {
             return m;
         }
-        let head = engine.model.draft_head();
-        let m = match (self.opts.mode, head) {
-            (DraftMode::Ngram, _) => DraftMode::Ngram,
-            (_, Ok(())) => DraftMode::Mtp,
-            (DraftMode::Mtp, Err(why)) => {
-                tracing::info!("speculative decoding: no MTP drafts ({why}); using n-gram lookup");
-                DraftMode::Ngram
-            }
-            (DraftMode::Auto, Err(why)) => {
-                tracing::debug!("speculative decoding: {why}; using n-gram lookup");
-                DraftMode::Ngram
-            }
-        };
+        let m = resolve(self.opts.mode, engine.model.draft_head());
         self.using = Some(m);
         m
     }
 
-    fn record(&mut self, proposed: usize, accepted: usize) {
+    /// Counts a verification; switches drafting off when, after `probe`
+    /// proposals, too few were accepted.
+    pub(crate) fn record(&mut self, proposed: usize, accepted: usize) {
         self.proposed += proposed as u64;
         self.accepted += accepted as u64;
         if self.off.is_none()
@@ -129,6 +121,24 @@ impl Speculator {
             );
             tracing::info!("speculative decoding: {why}");
             self.off = Some(why);
+        }
+    }
+}
+
+/// The drafter `mode` asks for, given whether the model has a draft head
+/// (`head`, from [`crate::model::lm::LanguageModel::draft_head`]): MTP
+/// when asked (or left to `Auto`) and available, n-gram lookup otherwise.
+pub fn resolve(mode: DraftMode, head: Result<(), String>) -> DraftMode {
+    match (mode, head) {
+        (DraftMode::Ngram, _) => DraftMode::Ngram,
+        (_, Ok(())) => DraftMode::Mtp,
+        (DraftMode::Mtp, Err(why)) => {
+            tracing::info!("speculative decoding: no MTP drafts ({why}); using n-gram lookup");
+            DraftMode::Ngram
+        }
+        (DraftMode::Auto, Err(why)) => {
+            tracing::debug!("speculative decoding: {why}; using n-gram lookup");
+            DraftMode::Ngram
         }
     }
 }

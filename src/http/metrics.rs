@@ -95,6 +95,24 @@ pub fn render(m: &MetricsSnapshot, s: &SourceStats, slots: usize) -> String {
         m.generated_tokens,
     );
     o.one(
+        "colibri_draft_tokens_total",
+        "counter",
+        "Speculative decoding: draft tokens verified.",
+        m.draft_proposed,
+    );
+    o.one(
+        "colibri_draft_accepted_tokens_total",
+        "counter",
+        "Speculative decoding: draft tokens the model agreed with (emitted without a step of their own).",
+        m.draft_accepted,
+    );
+    o.one(
+        "colibri_draft_verifications_total",
+        "counter",
+        "Speculative decoding: sequences whose step verified a draft.",
+        m.draft_verifies,
+    );
+    o.one(
         "colibri_decode_steps_total",
         "counter",
         "Batched forward steps.",

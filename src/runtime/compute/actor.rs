@@ -4,8 +4,10 @@
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::msg::{Step, StepDone};
-use crate::model::lm::{BatchItem, LanguageModel};
+use colibri_actors::Tag;
+
+use super::msg::{Step, StepDone, StepItem};
+use crate::model::lm::{BatchItem, ForwardError, LanguageModel, Logits};
 
 /// The decode loop's end of the actor.
 pub struct ComputeHandle {
@@ -56,7 +58,8 @@ fn run_step(model: &mut dyn LanguageModel, step: Step) {
     } = step;
     let before: Vec<usize> = items.iter().map(|it| it.session.kv.len()).collect();
     let t0 = Instant::now();
-    let result = {
+    let drafted = mtp_drafts(model, &mut items, tag);
+    let result = drafted.and_then(|()| {
         let _s = tracing::debug_span!("step", rows = items.iter().map(|i| i.tokens.len()).sum::<usize>())
             .entered();
         let mut batch: Vec<BatchItem<'_>> = items
@@ -68,7 +71,7 @@ fn run_step(model: &mut dyn LanguageModel, step: Step) {
             })
             .collect();
         model.forward_batch(&mut batch, tag)
-    };
+    });
     if result.is_err() {
         // A failed or cancelled step leaves no partial positions behind.
         for (it, &len) in items.iter_mut().zip(&before) {
@@ -78,6 +81,23 @@ fn run_step(model: &mut dyn LanguageModel, step: Step) {
     let secs = t0.elapsed().as_secs_f64();
     // The loop may be gone (shutdown); nothing else to tell it then.
     let _ = reply.send(StepDone { items, result, secs });
+}
+
+/// Appends each MTP-drafting item's drafts to its tokens (all logits then
+/// wanted, for verification). A draft leaves the state's positions as they
+/// were; an item whose head proposes nothing steps as it would have.
+fn mtp_drafts(model: &mut dyn LanguageModel, items: &mut [StepItem], tag: Tag) -> Result<(), ForwardError> {
+    for it in items.iter_mut().filter(|it| it.mtp_draft > 0) {
+        let Some(&next) = it.tokens.last() else {
+            continue;
+        };
+        let drafts = model.draft(it.session.kv.as_mut(), next, it.mtp_draft, tag)?;
+        if !drafts.is_empty() {
+            it.tokens.extend_from_slice(&drafts);
+            it.logits = Logits::All;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for ComputeHandle {

@@ -11,6 +11,12 @@ pub struct StepItem {
     pub tokens: Vec<u32>,
     pub session: Session,
     pub logits: Logits,
+    /// Draft this many tokens after `tokens` (one token: the sampled one)
+    /// with the model's MTP head before the forward, append them to
+    /// `tokens` and return every position's logits, so the step verifies
+    /// them (0: no MTP draft). The head lives with the weights, so the
+    /// compute actor drafts, not the loop.
+    pub mtp_draft: usize,
 }
 
 /// A forward step for every sequence in `items`, answered on `reply`.

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use colibri_actors::SourceStats;
 
+use crate::engine::speculative::Speculator;
 use crate::grammar::{Constrained, EnforceError, Progress};
 use crate::runtime::request::{Event, Finish, FinishReason, RequestId, Usage};
 use crate::runtime::stop::StopMatcher;
@@ -31,6 +32,10 @@ pub struct Active {
     pub cancelled: bool,
     /// What the reply must match (None: free text, and no cost).
     pub constraint: Option<Constrained>,
+    /// Speculative decoding's state (None: this request decodes without
+    /// drafts: `--draft off`, or a constrained reply, whose mask is
+    /// prepared for one position per step).
+    pub spec: Option<Speculator>,
 }
 
 /// What sampling one token decided.
@@ -63,6 +68,46 @@ impl Active {
             return Next::Failed(e);
         }
         let id = self.sampler.sample(logits);
+        self.take(id, history, stop_ids, tok)
+    }
+
+    /// Decides the tokens after a verified draft: `rows` holds the logits
+    /// of every position the step computed for this request (the token
+    /// before the draft, then each draft token), `drafts` the draft. Row
+    /// `i` decides draft `i` ([`Sampler::verify`]); the first token that is
+    /// not the draft, or one past the last draft (row `drafts.len()`),
+    /// ends the step's tokens. Each token goes through the same stop rules
+    /// as a sampled one ([`Self::take`]), so a stop, the budget or a
+    /// cancel ends the run early. Returns what the last token decided,
+    /// the tokens taken and how many of them were drafts accepted.
+    pub fn verify(
+        &mut self,
+        rows: &[f32],
+        vocab: usize,
+        drafts: &[u32],
+        history: &mut Vec<u32>,
+        stop_ids: &[u32],
+        tok: Option<&Tokenizer>,
+    ) -> (Next, usize, usize) {
+        let (mut taken, mut accepted) = (0, 0);
+        for (i, row) in rows.chunks_exact(vocab.max(1)).enumerate() {
+            let (id, agreed) = match drafts.get(i) {
+                Some(&d) => self.sampler.verify(row, d),
+                None => (self.sampler.sample(row), false),
+            };
+            taken += 1;
+            accepted += usize::from(agreed);
+            let next = self.take(id, history, stop_ids, tok);
+            if !agreed || self.cancelled || !matches!(next, Next::Continue) {
+                return (next, taken, accepted);
+            }
+        }
+        (Next::Continue, taken, accepted)
+    }
+
+    /// Takes `id` as the reply's next token: appends it to `history`,
+    /// streams its text and applies the stop rules.
+    fn take(&mut self, id: u32, history: &mut Vec<u32>, stop_ids: &[u32], tok: Option<&Tokenizer>) -> Next {
         self.generated += 1;
         self.usage.completion_tokens += 1;
         if self.first_token_secs.is_none() {

@@ -18,9 +18,11 @@ use colibri_actors::{ExpertSource, Tag};
 use rayon::prelude::*;
 
 use super::active::{Active, Next};
+use super::draft::{Plan, kept_positions, plan};
 use super::metrics::Metrics;
 use super::msg::{LoopMsg, Reply};
 use super::slots::{Slot, choose_free, common_prefix};
+use crate::engine::speculative::{DraftMode, SpecOptions, Speculator};
 use crate::engine::{Session, SlotStore};
 use crate::grammar::Constrained;
 use crate::model::expert::ExpertWeights;
@@ -49,6 +51,8 @@ pub(super) struct Limits {
     pub queue_cap: usize,
     pub prefill_chunk: usize,
     pub vocab: usize,
+    /// The drafter (resolved against the model's head) and its settings.
+    pub draft: Option<(DraftMode, SpecOptions)>,
 }
 
 pub(super) struct LoopActor {
@@ -396,6 +400,10 @@ impl LoopActor {
             first_token_secs: None,
             stats_before: self.source.stats(),
             cancelled: gone,
+            spec: match (&self.limits.draft, &constraint) {
+                (Some((_, o)), None) => Some(Speculator::new(o.clone())),
+                _ => None,
+            },
             constraint,
         });
         let idx = self.active.len() - 1;
@@ -542,6 +550,67 @@ impl LoopActor {
         }
     }
 
+    /// Truncates slot `slot`'s state after a verification of `drafts`
+    /// (computed at the end of its state) to the positions the history
+    /// kept ([`kept_positions`]); `taken` tokens were added to the history
+    /// (0: none, the drafts are all dropped).
+    fn keep_positions(&mut self, slot: usize, drafts: &[u32], taken: usize) {
+        let Some(session) = self.slots[slot].session.as_mut() else {
+            return;
+        };
+        // The step ran the token before the draft and the draft.
+        let base = session.kv.len().saturating_sub(drafts.len() + 1);
+        let keep = if taken == 0 {
+            base + 1
+        } else {
+            kept_positions(&session.tokens, base, drafts)
+        };
+        session.kv.truncate(keep.min(session.tokens.len()));
+    }
+
+    /// Request `i`'s tokens after a step that verified `drafts` (its
+    /// `logits`: one row per computed position); ends it if a stop rule
+    /// says so. Returns the tokens it took.
+    fn after_verify(&mut self, i: usize, logits: Option<Vec<f32>>, drafts: &[u32]) -> u64 {
+        let slot = self.active[i].slot;
+        let Some(rows) = logits else {
+            self.keep_positions(slot, drafts, 0);
+            self.fail(i, RequestError::Engine("no logits to verify a draft with".into()));
+            return 0;
+        };
+        let Some(session) = self.slots[slot].session.as_mut() else {
+            return 0;
+        };
+        let a = &mut self.active[i];
+        let (next, taken, accepted) = a.verify(
+            &rows,
+            self.limits.vocab,
+            drafts,
+            &mut session.tokens,
+            &self.stop_ids,
+            self.tokenizer.as_deref(),
+        );
+        let judged = taken.min(drafts.len());
+        if let Some(spec) = a.spec.as_mut() {
+            spec.record(judged, accepted);
+            spec.forwards += 1;
+            spec.tokens += taken as u64;
+        }
+        let cancelled = a.cancelled;
+        self.keep_positions(slot, drafts, taken);
+        Metrics::add(&self.metrics.generated_tokens, taken as u64);
+        Metrics::add(&self.metrics.draft_proposed, judged as u64);
+        Metrics::add(&self.metrics.draft_accepted, accepted as u64);
+        Metrics::add(&self.metrics.draft_verifies, 1);
+        match next {
+            _ if cancelled => self.end(i, FinishReason::Cancelled, false),
+            Next::Continue => {}
+            Next::Finished(reason, limited) => self.end(i, reason, limited),
+            Next::Failed(e) => self.fail(i, RequestError::Engine(e.to_string())),
+        }
+        taken as u64
+    }
+
     /// One forward step over every active request.
     fn run_step(&mut self) {
         let chunk = self.limits.prefill_chunk.max(1);
@@ -555,7 +624,7 @@ impl LoopActor {
             };
             let pending = &session.tokens[session.kv.len().min(session.tokens.len())..];
             let n = pending.len().min(chunk);
-            let logits = if n == pending.len() {
+            let mut logits = if n == pending.len() {
                 Logits::Last
             } else {
                 Logits::None
@@ -563,10 +632,23 @@ impl LoopActor {
             if logits == Logits::Last && a.constraint.as_ref().is_some_and(Constrained::needs_mask) {
                 masks.push(a.id);
             }
+            let mut tokens = pending[..n].to_vec();
+            let mut mtp_draft = 0;
+            if let (Some((mode, _)), Logits::Last, 1) = (&self.limits.draft, logits, n) {
+                match plan(a, &session.tokens, *mode) {
+                    Plan::None => {}
+                    Plan::Tokens(d) => {
+                        tokens.extend_from_slice(&d);
+                        logits = Logits::All;
+                    }
+                    Plan::Mtp(k) => mtp_draft = k,
+                }
+            }
             items.push(StepItem {
-                tokens: pending[..n].to_vec(),
+                tokens,
                 session,
                 logits,
+                mtp_draft,
             });
             owners.push(a.id);
         }
@@ -706,6 +788,24 @@ impl LoopActor {
                 continue;
             };
             let slot = self.active[i].slot;
+            if it.logits == Logits::All {
+                // A verified draft: the step computed the sampled token,
+                // then the draft (by the loop's n-gram lookup or the
+                // compute actor's MTP head).
+                let drafts = it.tokens.get(1..).unwrap_or(&[]);
+                let mut session = it.session;
+                session.last_logits = None;
+                self.slots[slot].session = Some(session);
+                if self.active[i].cancelled {
+                    self.keep_positions(slot, drafts, 0);
+                    self.append_to_store(slot);
+                    self.end(i, FinishReason::Cancelled, false);
+                    continue;
+                }
+                produced += self.after_verify(i, logits, drafts);
+                self.append_to_store(slot);
+                continue;
+            }
             let wanted = it.logits == Logits::Last;
             let mut session = it.session;
             if !wanted {
@@ -765,6 +865,7 @@ impl LoopActor {
                     tokens: session.tokens[from..from + n].to_vec(),
                     logits: if n == pending { Logits::Last } else { Logits::None },
                     session,
+                    mtp_draft: 0,
                 });
                 slots.push(i);
             }

@@ -26,6 +26,11 @@ pub struct Metrics {
     pub active: AtomicU64,
     /// Generated tokens per second over the last steps (f64 bits).
     pub recent_tok_per_s: AtomicU64,
+    /// Speculative decoding: draft tokens verified, and of those accepted.
+    pub draft_proposed: AtomicU64,
+    pub draft_accepted: AtomicU64,
+    /// Sequences of steps that verified a draft.
+    pub draft_verifies: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -47,6 +52,9 @@ pub struct MetricsSnapshot {
     pub queue_depth: u64,
     pub active: u64,
     pub recent_tok_per_s: f64,
+    pub draft_proposed: u64,
+    pub draft_accepted: u64,
+    pub draft_verifies: u64,
 }
 
 impl Metrics {
@@ -77,6 +85,9 @@ impl Metrics {
             queue_depth: g(&self.queue_depth),
             active: g(&self.active),
             recent_tok_per_s: f64::from_bits(g(&self.recent_tok_per_s)),
+            draft_proposed: g(&self.draft_proposed),
+            draft_accepted: g(&self.draft_accepted),
+            draft_verifies: g(&self.draft_verifies),
         }
     }
 }

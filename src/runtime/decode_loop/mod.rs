@@ -7,6 +7,7 @@
 
 mod active;
 mod actor;
+mod draft;
 mod metrics;
 mod msg;
 mod slots;
@@ -28,6 +29,7 @@ use super::compute::ComputeHandle;
 use super::prompt_cache::PromptCache;
 use super::request::{Event, GenRequest, MAX_SLOTS, RequestError, RequestId};
 use crate::chat_template::{ChatTemplate, TemplateError};
+use crate::engine::speculative::{DraftMode, SpecOptions, resolve};
 use crate::engine::{Engine, Session, SlotStore, template_family};
 use crate::grammar::{Constrained, ConstraintError, Grammars};
 use crate::model::expert::ExpertWeights;
@@ -53,6 +55,8 @@ pub struct LoopConfig {
     pub threads: Option<usize>,
     /// Where the slots' state files live (None: nothing saved).
     pub state_dir: Option<PathBuf>,
+    /// Speculative decoding of every unconstrained request (None: off).
+    pub draft: Option<SpecOptions>,
 }
 
 impl Default for LoopConfig {
@@ -64,6 +68,7 @@ impl Default for LoopConfig {
             prefill_chunk: 512,
             threads: None,
             state_dir: None,
+            draft: None,
         }
     }
 }
@@ -86,6 +91,8 @@ pub struct ModelInfo {
     pub stop_ids: Vec<u32>,
     /// Compiles requests' constraints against this model's vocabulary.
     pub grammars: Arc<Grammars>,
+    /// The drafter in use and the tokens per draft (None: drafting off).
+    pub draft: Option<(DraftMode, usize)>,
 }
 
 impl ModelInfo {
@@ -161,6 +168,10 @@ impl DecodeLoop {
         let cache = PromptCache::new(engine.memory.needs.prompt_cache_bytes, record_bytes);
         let source: Arc<dyn ExpertSource<ExpertWeights>> = engine.model.source().clone();
         let vocab = engine.model.vocab_size();
+        let draft = cfg
+            .draft
+            .clone()
+            .map(|o| (resolve(o.mode, engine.model.draft_head()), o));
         let info = Arc::new(ModelInfo {
             name: engine
                 .dir
@@ -176,6 +187,7 @@ impl DecodeLoop {
             prompt_cache_bytes: cache.budget_bytes(),
             stop_ids: engine.stop_ids.clone(),
             grammars: Arc::new(Grammars::for_model(&engine.dir, vocab, &engine.stop_ids)),
+            draft: draft.as_ref().map(|(m, o)| (*m, o.max_draft)),
         });
         let Engine { model, stop_ids, .. } = engine;
         let compute = ComputeHandle::spawn(model, cfg.threads).map_err(|source| LoopError::Thread {
@@ -190,6 +202,7 @@ impl DecodeLoop {
                 queue_cap: cfg.queue_cap,
                 prefill_chunk: cfg.prefill_chunk,
                 vocab,
+                draft,
             },
             compute: Some(compute),
             source: source.clone(),
