@@ -183,7 +183,7 @@ def train_tokenizer(texts, vocab_size):
     return tok
 
 
-def model_config(vocab, tok):
+def model_config(vocab, tok, experts=8, top_k=2):
     return OlmoeConfig(
         vocab_size=vocab,
         hidden_size=128,
@@ -191,8 +191,8 @@ def model_config(vocab, tok):
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=4,
-        num_experts=8,
-        num_experts_per_tok=2,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
         norm_topk_prob=False,
         tie_word_embeddings=False,
         clip_qkv=None,
@@ -265,6 +265,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--experts-impl", default="grouped_mm")
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--top-k", type=int, default=2)
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     t0 = time.time()
@@ -291,7 +293,7 @@ def main():
     data = torch.tensor(stream, dtype=torch.long)
     print(f"{dialogues} dialogues, {len(stream)} tokens ({time.time() - t0:.0f}s)", flush=True)
 
-    cfg = model_config(vocab, tok)
+    cfg = model_config(vocab, tok, args.experts, args.top_k)
     cfg._attn_implementation = "sdpa"
     cfg._experts_implementation = args.experts_impl
     model = OlmoeForCausalLM(cfg)
@@ -392,8 +394,9 @@ def main():
     router_gap = float("inf")
     for rl in fw.router_logits:
         top = torch.topk(rl.float(), cfg.num_experts_per_tok + 1, dim=-1)
-        router_gap = min(router_gap, (top.values[:, 1] - top.values[:, 2]).min().item())
-        usage.append(len(set(top.indices[:, :2].flatten().tolist())))
+        k = cfg.num_experts_per_tok
+        router_gap = min(router_gap, (top.values[:, k - 1] - top.values[:, k]).min().item())
+        usage.append(len(set(top.indices[:, :k].flatten().tolist())))
     ref = dict(
         prompt_ids=prompt,
         full_ids=full,
