@@ -57,7 +57,7 @@ fn parse_caps(s: &str) -> anyhow::Result<Vec<usize>> {
     Ok(caps)
 }
 
-fn load(path: &PathBuf, what: &str) -> anyhow::Result<file::TraceFile> {
+fn load(path: &std::path::Path, what: &str) -> anyhow::Result<file::TraceFile> {
     file::load(path)
         .with_context(|| format!("{what} {}", path.display()))?
         .ok_or_else(|| anyhow::anyhow!("{what} {}: no such file", path.display()))

@@ -139,13 +139,14 @@ impl UsageTap {
         let shape_ok = (base.layers, base.experts) == (self.layers, self.experts)
             && (recorded.layers, recorded.experts) == (self.layers, self.experts);
         let Some(capacity) = self.capacity.filter(|_| shape_ok) else {
-            let mut c = PinChoice::default();
-            c.why_none = Some(if shape_ok {
-                "every expert is resident".into()
-            } else {
-                "the history is of another shape".into()
-            });
-            return c;
+            return PinChoice {
+                why_none: Some(if shape_ok {
+                    "every expert is resident".into()
+                } else {
+                    "the history is of another shape".into()
+                }),
+                ..PinChoice::default()
+            };
         };
         let ranking = pins::ranking(&base.counts, self.layers, self.experts);
         let choice = choose_pins(recorded, &ranking, capacity, self.pin_share);
