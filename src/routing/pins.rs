@@ -72,10 +72,7 @@ pub fn choose(trace: &RoutingTrace, ranking: &[Vec<u32>], cap: Capacity, max_sha
     };
     // A total that holds every layer's per-layer share does not bind:
     // layers then do not compete for room.
-    let routed = (0..trace.layers)
-        .filter(|&l| trace.bytes_of(l as u32) > 0)
-        .count()
-        .max(1);
+    let routed = trace.routed_layers().max(1);
     match (cap.total, cap.per_layer) {
         (Some(total), Some(c)) if total >= c.saturating_mul(routed) => per_layer(trace, ranking, cap, share),
         (Some(total), _) => uniform(trace, ranking, cap, total, share),
@@ -172,10 +169,7 @@ fn no_gain(trace: &RoutingTrace, split: usize) -> String {
 fn uniform(trace: &RoutingTrace, ranking: &[Vec<u32>], cap: Capacity, total: usize, share: f64) -> PinChoice {
     let (train_rank, split) = halves(trace);
     let lru = replay::lru(trace, cap, &[], split);
-    let routed = (0..trace.layers)
-        .filter(|&l| trace.bytes_of(l as u32) > 0)
-        .count()
-        .max(1);
+    let routed = trace.routed_layers().max(1);
     let mut c = total / routed;
     if let Some(pl) = cap.per_layer {
         c = c.min(pl);

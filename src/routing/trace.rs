@@ -43,18 +43,15 @@ impl RoutingTrace {
 
     /// Whether `key` names an expert of this shape.
     pub fn in_shape(&self, key: ExpertKey) -> bool {
-        (key.layer as usize) < self.layers && (key.expert as usize) < self.experts
+        fits(self.layers, self.experts, key)
     }
 
     /// Appends one step; keys outside the shape are left out (a source
     /// never fetches them, and a replay could not place them).
     pub fn push_step(&mut self, keys: &[ExpertKey]) {
         let (layers, experts) = (self.layers, self.experts);
-        self.keys.extend(
-            keys.iter()
-                .copied()
-                .filter(|k| (k.layer as usize) < layers && (k.expert as usize) < experts),
-        );
+        self.keys
+            .extend(keys.iter().copied().filter(|&k| fits(layers, experts, k)));
         self.step_ends.push(self.keys.len());
     }
 
@@ -120,10 +117,19 @@ impl RoutingTrace {
         (self.layers, self.experts, self.top_k) == (other.layers, other.experts, other.top_k)
     }
 
+    /// Layers with routed experts (those whose experts read any bytes).
+    pub fn routed_layers(&self) -> usize {
+        self.expert_bytes.iter().filter(|&&b| b > 0).count()
+    }
+
     /// Bytes of one expert of `layer`.
     pub fn bytes_of(&self, layer: u32) -> u64 {
         self.expert_bytes.get(layer as usize).copied().unwrap_or(0)
     }
+}
+
+fn fits(layers: usize, experts: usize, key: ExpertKey) -> bool {
+    (key.layer as usize) < layers && (key.expert as usize) < experts
 }
 
 /// The steps a run has fetched, fed by its expert source: each fetch adds
