@@ -58,7 +58,7 @@ fn the_default_context_is_the_models_capped_by_the_budget_and_said() {
         .find(|l| l.starts_with("coli run: context "))
         .unwrap_or_else(|| panic!("no context line: {e}"));
     assert!(
-        line.contains("of the model's 1024 positions: the KV cache of 1 slot(s) at f32 fits"),
+        line.contains("of the model's 1024 positions: the KV cache of 1 slot(s) at f16 fits"),
         "{line}"
     );
     let ctx: usize = line["coli run: context ".len()..]
@@ -78,7 +78,7 @@ fn the_default_context_is_the_models_capped_by_the_budget_and_said() {
             rest.split(' ').next().and_then(|n| n.parse().ok())
         })
         .unwrap_or_else(|| panic!("{}", stderr(&o)));
-    assert!(q8 > ctx, "q8 {q8} vs f32 {ctx}: {}", stderr(&o));
+    assert!(q8 > ctx, "q8 {q8} vs f16 {ctx}: {}", stderr(&o));
 }
 
 #[test]

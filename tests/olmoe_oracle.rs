@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use colibri::cli::validate::{Reference, greedy, teacher_forcing};
 use colibri::engine::{Engine, EngineOptions};
+use colibri::model::kv_cache::{KvType, KvTypes};
 
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
@@ -41,8 +42,24 @@ fn check(dir: &Path, opts: &EngineOptions, max_greedy_miss: usize, max_tf_miss: 
     );
 }
 
+/// The token-exact path: f32 weights, activations and KV cache.
+fn exact() -> EngineOptions {
+    EngineOptions {
+        kv_types: KvTypes::both(KvType::F32),
+        ..EngineOptions::default()
+    }
+}
+
 #[test]
 fn f32_is_token_exact_on_every_fixture() {
+    for dir in fixtures() {
+        check(&dir, &exact(), 0, 0);
+    }
+}
+
+/// The default f16 KV cache keeps every oracle token on these fixtures too.
+#[test]
+fn the_default_f16_kv_cache_keeps_every_token() {
     for dir in fixtures() {
         check(&dir, &EngineOptions::default(), 0, 0);
     }
@@ -55,7 +72,7 @@ fn int8_experts_and_dense_within_one_mismatch() {
         expert_bits: 8,
         dense_bits: 8,
         int8_acts: false,
-        ..EngineOptions::default()
+        ..exact()
     };
     for dir in fixtures() {
         check(&dir, &opts, 1, 1);
@@ -72,7 +89,7 @@ fn int8_activations_stay_close_to_the_oracle() {
         expert_bits: 8,
         dense_bits: 8,
         int8_acts: true,
-        ..EngineOptions::default()
+        ..exact()
     };
     // glm4-moe-tiny's margins are narrower than int8 activations' error: it
     // is held to its int8 round-trip oracle exactly on the f32-activation

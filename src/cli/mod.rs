@@ -222,10 +222,10 @@ pub struct EngineArgs {
 /// types"): every command that runs a model or plans its memory takes them.
 #[derive(Debug, Args, Clone, Default)]
 pub struct KvTypeArgs {
-    /// KV cache storage for keys and values: `f32` (the default, the
-    /// token-exact path the oracles check), `f16` (half the memory) or `q8`
+    /// KV cache storage for keys and values: `f16` (the default, half of
+    /// f32's memory), `f32` (the token-exact path the oracles check) or `q8`
     /// (blocks of 32 int8 values with an f16 scale, about a quarter). A
-    /// compact type changes the tokens slightly, like --expert-bits.
+    /// compact type can change the tokens slightly, like --expert-bits.
     #[arg(long, value_name = "f32|f16|q8")]
     pub kv_type: Option<crate::model::kv_cache::KvType>,
     /// Storage of the keys alone (overrides --kv-type for them).

@@ -402,7 +402,7 @@ fn load_family(
     let mut model = (family.finish)(source);
     if !model.set_kv_types(opts.kv_types) {
         tracing::info!(
-            "this family's sequence state is not a plain KV cache: --kv-type does not apply, it stays f32"
+            "this family's sequence state has no KV cache type: --kv-type does not apply, it stays f32"
         );
     }
     Ok((model, stops, plan, tap))

@@ -228,7 +228,7 @@ impl ModelConfig {
     /// Bytes one position of one sequence takes in the KV cache: K and V
     /// per layer for plain attention, in the types `kv` names; the
     /// compressed latent, rope key and indexer key per layer for MLA
-    /// (always f32).
+    /// (in the key type).
     pub fn kv_bytes_per_position(&self, kv: KvTypes) -> u64 {
         self.config.kv_bytes_per_position(kv)
     }

@@ -265,6 +265,36 @@ impl KvRows {
         }
     }
 
+    /// Rows `0..rows` as one f32 slice: borrowed from an f32 cache,
+    /// converted (with [`Self::read_into`]'s exact conversions) otherwise.
+    /// Callers that multiply the whole cache by a matrix, or read every row
+    /// once per head, convert once per call this way instead of once per
+    /// head; the compact copy stays the only one kept between calls.
+    pub fn rows_f32(&self, rows: usize, d: usize) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            Self::F32(v) => std::borrow::Cow::Borrowed(&v[..rows * d]),
+            _ => {
+                let mut out = vec![0f32; rows * d];
+                for (p, row) in out.chunks_exact_mut(d.max(1)).enumerate().take(rows) {
+                    self.read_into(p, d, 0, row);
+                }
+                std::borrow::Cow::Owned(out)
+            }
+        }
+    }
+
+    /// Rows held (of `d` values each).
+    pub fn rows(&self, d: usize) -> usize {
+        if d == 0 {
+            return 0;
+        }
+        match self {
+            Self::F32(v) => v.len() / d,
+            Self::F16(v) => v.len() / d,
+            Self::Q8 { scales, .. } => scales.len() / d.div_ceil(Q8_BLOCK),
+        }
+    }
+
     /// Appends row `p`'s bytes as a state file stores them (see [`KvType`]).
     pub fn row_bytes_into(&self, p: usize, d: usize, out: &mut Vec<u8>) {
         match self {

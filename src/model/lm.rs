@@ -128,8 +128,8 @@ pub trait LanguageModel: Send {
     fn fingerprint(&self) -> u64;
     fn new_state(&self) -> Box<dyn SequenceState>;
     /// How the states [`Self::new_state`] makes from now on store their
-    /// keys and values (`--kv-type`). Families whose state is not a plain
-    /// KV cache (GLM-5's compressed latent) keep f32 and return false.
+    /// keys and values (`--kv-type`). A family whose state has no such
+    /// choice keeps f32 and returns false.
     fn set_kv_types(&mut self, _kv: KvTypes) -> bool {
         false
     }

@@ -116,8 +116,8 @@ impl AttnCtx<'_> {
             let (lat, kr) = row.split_at_mut(kvl);
             rms_norm_inplace(lat, &w.kv_a_norm, LATENT_NORM_EPS);
             self.rotate(kr, span.start + t);
-            cache.latent.extend_from_slice(lat);
-            cache.k_rope.extend_from_slice(kr);
+            cache.latent.push_rows(lat, kvl);
+            cache.k_rope.push_rows(kr, rd);
         }
 
         let own = w
@@ -126,7 +126,11 @@ impl AttnCtx<'_> {
             .map(|ix| self.select(ix, xn, q_resid.as_deref().unwrap_or(&[]), span, cache));
         let sel = own.as_ref().or(shared);
 
-        let total = cache.latent.len() / kvl;
+        let total = cache.latent.rows(kvl);
+        // The whole cache as f32 once per call (borrowed when it is f32),
+        // rather than converting each row once per head.
+        let latent = cache.latent.rows_f32(total, kvl);
+        let k_rope = cache.k_rope.rows_f32(total, rd);
         let visible = |t: usize| span.start + t + 1 - span.base;
         let keys_of = |t: usize| -> Vec<usize> {
             match sel.and_then(|s| s[t].as_ref()) {
@@ -148,8 +152,6 @@ impl AttnCtx<'_> {
             // to f32 here would cost `rows × kv_lora_rank × 4` bytes per
             // layer and token (59 MB at GLM-5's shape).
             let kvb = &w.kv_b;
-            let latent = &cache.latent;
-            let k_rope = &cache.k_rope;
             ctx.par_chunks_mut(vd).enumerate().for_each(|(i, out)| {
                 let (t, h) = (i / heads, i % heads);
                 let qh = &q[(t * heads + h) * qhd..(t * heads + h + 1) * qhd];
@@ -195,8 +197,7 @@ impl AttnCtx<'_> {
             });
         } else {
             let mut kv = vec![0f32; total * heads * kvb_rows];
-            w.kv_b.matmul(&cache.latent, total, &mut kv);
-            let k_rope = &cache.k_rope;
+            w.kv_b.matmul(&latent, total, &mut kv);
             ctx.par_chunks_mut(vd).enumerate().for_each(|(i, out)| {
                 let (t, h) = (i / heads, i % heads);
                 let qh = &q[(t * heads + h) * qhd..(t * heads + h + 1) * qhd];
@@ -256,9 +257,9 @@ impl AttnCtx<'_> {
             let k = &mut ik[t * ihd..(t + 1) * ihd];
             layer_norm(k, &ix.k_norm_w, &ix.k_norm_b, INDEX_NORM_EPS);
             self.rotate(&mut k[..rd], span.start + t);
-            cache.index_k.extend_from_slice(k);
+            cache.index_k.push_rows(k, ihd);
         }
-        let keys = &cache.index_k;
+        let keys = cache.index_k.rows_f32(cache.index_k.rows(ihd), ihd);
         let topk = cfg.index_topk();
         let scale = (ihd as f32).powf(-0.5);
         (0..n)

@@ -55,11 +55,16 @@ impl Family for GlmFamily {
 }
 
 impl FamilyConfig for GlmConfig {
-    /// The compressed latent, rope key and indexer key per layer, always
-    /// f32 (`--kv-type` does not apply to the MLA state yet).
-    fn kv_bytes_per_position(&self, _kv: KvTypes) -> u64 {
-        (self.num_hidden_layers * (self.kv_lora_rank + self.qk_rope_head_dim + self.index_head_dim()) * 4)
-            as u64
+    /// The compressed latent, rope key and indexer key per layer, in the
+    /// key type (the latent is MLA's keys and values at once). Counting the
+    /// indexer key on every layer over-counts models where only some layers
+    /// index, which a memory budget may do.
+    fn kv_bytes_per_position(&self, kv: KvTypes) -> u64 {
+        let t = kv.k;
+        (self.num_hidden_layers
+            * (t.row_bytes(self.kv_lora_rank)
+                + t.row_bytes(self.qk_rope_head_dim)
+                + t.row_bytes(self.index_head_dim()))) as u64
     }
 
     fn max_positions(&self) -> usize {

@@ -11,6 +11,7 @@ use super::moe::{Routing, moe_block};
 use super::state::{Dims, GlmState, LayerCache};
 use super::weights::{DenseWeights, LayerWeights, Mlp};
 use crate::model::expert::ExpertWeights;
+use crate::model::kv_cache::{KvType, KvTypes};
 use crate::model::lm::{
     BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
     logit_rows,
@@ -41,6 +42,9 @@ pub struct Glm {
     pub mtp_note: Option<String>,
     /// Routing of the last forward, per sparse layer and token.
     pub last_routing: Vec<Vec<Routing>>,
+    /// How new states store the latent and keys (`--kv-type`; the key type,
+    /// since the latent serves as keys and values).
+    kv_type: KvType,
 }
 
 impl Glm {
@@ -59,6 +63,7 @@ impl Glm {
             form: Form::Auto,
             mtp_note,
             last_routing: Vec::new(),
+            kv_type: KvType::default(),
         }
     }
 
@@ -82,7 +87,13 @@ impl Glm {
             .mtp
             .as_ref()
             .is_some_and(|m| m.layer.attn.indexer.is_some());
-        GlmState::new(indexed, self.dims(), mtp_indexed, self.cfg.hidden_size)
+        GlmState::new(
+            indexed,
+            self.dims(),
+            mtp_indexed,
+            self.cfg.hidden_size,
+            self.kv_type,
+        )
     }
 
     fn embed(&self, tokens: &[u32], at: usize) -> Result<Vec<f32>, ForwardError> {
@@ -480,6 +491,10 @@ impl LanguageModel for Glm {
     }
     fn new_state(&self) -> Box<dyn SequenceState> {
         Box::new(self.new_glm_state())
+    }
+    fn set_kv_types(&mut self, kv: KvTypes) -> bool {
+        self.kv_type = kv.k;
+        true
     }
     fn forward(
         &mut self,

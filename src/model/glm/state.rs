@@ -3,23 +3,50 @@
 //! on DSA "full" layers the rotated indexer key `[index_head_dim]`; plus the
 //! MTP layer's own cache.
 
+use crate::model::kv_cache::{KvRows, KvType, KvTypes};
 use crate::model::lm::SequenceState;
 
-/// One layer's cached positions, row-major `[position, dim]`.
-#[derive(Clone, Debug, Default)]
+/// One layer's cached positions, row-major `[position, dim]`, all three in
+/// one [`KvType`] (the latent is both the keys and the values of MLA, so
+/// the state follows the key type, as llama.cpp's MLA cache does).
+#[derive(Clone, Debug)]
 pub struct LayerCache {
-    pub latent: Vec<f32>,
-    pub k_rope: Vec<f32>,
-    pub index_k: Vec<f32>,
+    pub latent: KvRows,
+    pub k_rope: KvRows,
+    pub index_k: KvRows,
+}
+
+impl Default for LayerCache {
+    fn default() -> Self {
+        Self::new(KvType::F32)
+    }
 }
 
 impl LayerCache {
-    fn truncate(&mut self, n: usize, dims: Dims, indexed: bool) {
-        self.latent.truncate(n * dims.latent);
-        self.k_rope.truncate(n * dims.rope);
-        if indexed {
-            self.index_k.truncate(n * dims.index);
+    pub fn new(t: KvType) -> Self {
+        Self {
+            latent: KvRows::new(t),
+            k_rope: KvRows::new(t),
+            index_k: KvRows::new(t),
         }
+    }
+
+    pub fn kind(&self) -> KvType {
+        self.latent.kind()
+    }
+
+    fn truncate(&mut self, n: usize, dims: Dims, indexed: bool) {
+        self.latent.truncate(n, dims.latent);
+        self.k_rope.truncate(n, dims.rope);
+        if indexed {
+            self.index_k.truncate(n, dims.index);
+        }
+    }
+
+    /// Bytes one position takes (indexer key only on an indexed layer).
+    fn record_bytes(&self, dims: Dims, indexed: bool) -> usize {
+        let t = self.kind();
+        t.row_bytes(dims.latent) + t.row_bytes(dims.rope) + if indexed { t.row_bytes(dims.index) } else { 0 }
     }
 }
 
@@ -41,6 +68,14 @@ pub struct MtpCache {
 }
 
 impl MtpCache {
+    pub fn new(t: KvType) -> Self {
+        Self {
+            cache: LayerCache::new(t),
+            base: 0,
+            len: 0,
+        }
+    }
+
     /// Keeps positions `< end`.
     pub fn truncate_to(&mut self, end: usize, dims: Dims, indexed: bool) {
         let keep = end.saturating_sub(self.base).min(self.len);
@@ -124,17 +159,25 @@ pub struct GlmState {
 }
 
 impl GlmState {
-    pub fn new(indexed: Vec<bool>, dims: Dims, mtp_indexed: bool, hidden: usize) -> Self {
+    /// An empty state storing its latents, rope keys and indexer keys as `kv`.
+    pub fn new(indexed: Vec<bool>, dims: Dims, mtp_indexed: bool, hidden: usize, kv: KvType) -> Self {
         Self {
-            layers: vec![LayerCache::default(); indexed.len()],
+            layers: vec![LayerCache::new(kv); indexed.len()],
             indexed,
             dims,
             len: 0,
-            mtp: MtpCache::default(),
+            mtp: MtpCache::new(kv),
             mtp_indexed,
             pending: Pending::default(),
             hidden,
         }
+    }
+
+    /// How the latents and keys are stored.
+    pub fn kind(&self) -> KvType {
+        self.layers
+            .first()
+            .map_or(self.mtp.cache.kind(), LayerCache::kind)
     }
 
     /// Drops the MTP cache entries that depend on positions `n..` (entry `p`
@@ -161,30 +204,24 @@ impl SequenceState for GlmState {
     }
 
     fn record_bytes(&self) -> usize {
-        let d = self.dims;
-        self.indexed
+        self.layers
             .iter()
-            .map(|&ix| (d.latent + d.rope + if ix { d.index } else { 0 }) * 4)
+            .zip(&self.indexed)
+            .map(|(c, &ix)| c.record_bytes(self.dims, ix))
             .sum()
     }
 
-    /// Latent, rope key, and indexer key (full layers) per layer. The MTP
-    /// cache is not recorded: a restored sequence refills it as it goes.
+    /// Latent, rope key, and indexer key (full layers) per layer, each row
+    /// in the state's type (for f32 the bytes the format had before types).
+    /// The MTP cache is not recorded: a restored sequence refills it.
     fn position_bytes(&self, pos: usize) -> Vec<u8> {
         let d = self.dims;
         let mut out = Vec::with_capacity(self.record_bytes());
         for (c, &ix) in self.layers.iter().zip(&self.indexed) {
-            let parts: [&[f32]; 3] = [
-                &c.latent[pos * d.latent..(pos + 1) * d.latent],
-                &c.k_rope[pos * d.rope..(pos + 1) * d.rope],
-                if ix {
-                    &c.index_k[pos * d.index..(pos + 1) * d.index]
-                } else {
-                    &[]
-                },
-            ];
-            for v in parts.into_iter().flatten() {
-                out.extend_from_slice(&v.to_le_bytes());
+            c.latent.row_bytes_into(pos, d.latent, &mut out);
+            c.k_rope.row_bytes_into(pos, d.rope, &mut out);
+            if ix {
+                c.index_k.row_bytes_into(pos, d.index, &mut out);
             }
         }
         out
@@ -195,21 +232,29 @@ impl SequenceState for GlmState {
             return false;
         }
         let d = self.dims;
-        let mut vals = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let mut rest = bytes;
+        let mut take = |n: usize| {
+            let (a, b) = rest.split_at(n);
+            rest = b;
+            a
+        };
         for (c, &ix) in self.layers.iter_mut().zip(&self.indexed) {
-            c.latent.extend(vals.by_ref().take(d.latent));
-            c.k_rope.extend(vals.by_ref().take(d.rope));
+            let t = c.kind();
+            c.latent.push_row_bytes(take(t.row_bytes(d.latent)));
+            c.k_rope.push_row_bytes(take(t.row_bytes(d.rope)));
             if ix {
-                c.index_k.extend(vals.by_ref().take(d.index));
+                c.index_k.push_row_bytes(take(t.row_bytes(d.index)));
             }
         }
         self.len += 1;
         // The MTP cache has no record: it restarts after the restored prefix.
-        self.mtp = MtpCache::default();
+        self.mtp = MtpCache::new(self.kind());
         self.pending = Pending::default();
         true
+    }
+
+    fn payload_kind(&self) -> u32 {
+        KvTypes::both(self.kind()).header_code()
     }
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
@@ -228,30 +273,49 @@ mod tests {
             rope: 2,
             index: 4,
         };
-        let mut s = GlmState::new(vec![true, false], dims, false, 4);
-        for p in 0..3 {
-            for (l, c) in s.layers.iter_mut().enumerate() {
-                let v = (p * 10 + l) as f32;
-                c.latent.extend([v; 3]);
-                c.k_rope.extend([v + 0.5; 2]);
-                if l == 0 {
-                    c.index_k.extend([v + 0.25; 4]);
+        for t in KvType::ALL {
+            let mut s = GlmState::new(vec![true, false], dims, false, 4, t);
+            for p in 0..3 {
+                for (l, c) in s.layers.iter_mut().enumerate() {
+                    let v = (p * 10 + l) as f32;
+                    c.latent.push_rows(&[v; 3], 3);
+                    c.k_rope.push_rows(&[v + 0.5; 2], 2);
+                    if l == 0 {
+                        c.index_k.push_rows(&[v + 0.25; 4], 4);
+                    }
                 }
+                s.len += 1;
             }
-            s.len += 1;
+            let (r3, r2, r4) = (t.row_bytes(3), t.row_bytes(2), t.row_bytes(4));
+            assert_eq!(s.record_bytes(), r3 + r2 + r4 + r3 + r2, "{t}");
+            assert_eq!(s.payload_kind(), KvTypes::both(t).header_code());
+            let mut u = GlmState::new(vec![true, false], dims, false, 4, t);
+            for p in 0..3 {
+                assert!(u.push_position_bytes(&s.position_bytes(p)));
+            }
+            for p in 0..3 {
+                assert_eq!(u.position_bytes(p), s.position_bytes(p), "{t} position {p}");
+            }
+            assert_eq!(u.layers[0].index_k.rows(4), 3);
+            assert!(!u.push_position_bytes(&[0u8; 3]));
+            s.truncate(1);
+            assert_eq!(s.len(), 1);
+            assert_eq!(s.layers[0].index_k.rows(4), 1);
+            assert_eq!(s.layers[1].k_rope.rows(2), 1);
+            assert_eq!(s.position_bytes(0), u.position_bytes(0));
+            // A record of another type's size is refused, not misread.
+            if t != KvType::F32 {
+                let f = GlmState::new(vec![true, false], dims, false, 4, KvType::F32);
+                let mut g = GlmState::new(vec![true, false], dims, false, 4, t);
+                let mut full = f.clone();
+                for c in full.layers.iter_mut() {
+                    c.latent.push_rows(&[1.0; 3], 3);
+                    c.k_rope.push_rows(&[1.0; 2], 2);
+                }
+                full.layers[0].index_k.push_rows(&[1.0; 4], 4);
+                full.len = 1;
+                assert!(!g.push_position_bytes(&full.position_bytes(0)));
+            }
         }
-        assert_eq!(s.record_bytes(), (3 + 2 + 4 + 3 + 2) * 4);
-        let mut t = GlmState::new(vec![true, false], dims, false, 4);
-        for p in 0..3 {
-            assert!(t.push_position_bytes(&s.position_bytes(p)));
-        }
-        assert_eq!(t.layers[0].index_k, s.layers[0].index_k);
-        assert_eq!(t.layers[1].latent, s.layers[1].latent);
-        assert!(!t.push_position_bytes(&[0u8; 3]));
-        s.truncate(1);
-        assert_eq!(s.len(), 1);
-        assert_eq!(s.layers[0].index_k.len(), 4);
-        assert_eq!(s.layers[1].k_rope.len(), 2);
-        assert_eq!(s.position_bytes(0), t.position_bytes(0));
     }
 }
