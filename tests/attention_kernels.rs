@@ -34,8 +34,43 @@ fn pair() -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
     })
 }
 
+/// One vector and four more of the same random length in 0..=300.
+fn five() -> impl Strategy<Value = (Vec<f32>, [Vec<f32>; 4])> {
+    (0usize..=300).prop_flat_map(|n| {
+        let v = move || prop::collection::vec(value(), n);
+        (v(), [v(), v(), v(), v()])
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn four_dots_at_once_equal_four_single_dots((a, b) in five()) {
+        let b4 = [&b[0][..], &b[1][..], &b[2][..], &b[3][..]];
+        let want = b4.map(|v| dot(&a, v).to_bits());
+        for k in Kernels::available() {
+            prop_assert_eq!(k.dot_f32_x4(&a, b4).map(f32::to_bits), want, "{}: len {}", k.name, a.len());
+        }
+    }
+
+    #[test]
+    fn four_axpys_at_once_equal_four_in_a_row((o, x) in five(), w in prop::array::uniform4(value())) {
+        let x4 = [&x[0][..], &x[1][..], &x[2][..], &x[3][..]];
+        let mut want = o.clone();
+        for j in 0..4 {
+            for (o, &v) in want.iter_mut().zip(x4[j]) {
+                *o += w[j] * v;
+            }
+        }
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+        for k in Kernels::available() {
+            let mut got = o.clone();
+            k.axpy_x4(&mut got, w, x4);
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            prop_assert_eq!(got, want.clone(), "{}: len {}", k.name, o.len());
+        }
+    }
 
     #[test]
     fn dot_is_bit_identical_to_the_scalar_reference((a, b) in pair(), skip in 0usize..4) {

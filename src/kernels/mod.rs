@@ -495,6 +495,54 @@ impl Kernels {
         }
     }
 
+    /// Four [`Self::dot_f32`]s of `a` against `b[j]`, bit for bit, with `a`
+    /// read once and the four sums' add chains interleaved (attention's
+    /// scores, four keys at a time). Each `b[j]` must hold `a.len()` values.
+    #[inline]
+    pub fn dot_f32_x4(&self, a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+        assert!(
+            b.iter().all(|v| v.len() >= a.len()),
+            "dot_f32_x4: a key shorter than the query"
+        );
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only built after detecting AVX2; the
+            // lengths are checked above.
+            Isa::Avx2 => unsafe { x86::vec::dot4_avx2(a, b) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F
+            // and AVX2; the lengths are checked above.
+            Isa::Avx512 => unsafe { x86::vec::dot4_avx512(a, b) },
+            _ => b.map(|v| self.dot_f32(a, v)),
+        }
+    }
+
+    /// Four [`Self::axpy`]s into `out` in order (`w[0]` with `x[0]` first),
+    /// bit for bit, with `out` read and written once (attention's weighted
+    /// sum, four values at a time). Each `x[j]` must hold `out.len()` values.
+    #[inline]
+    pub fn axpy_x4(&self, out: &mut [f32], w: [f32; 4], x: [&[f32]; 4]) {
+        assert!(
+            x.iter().all(|v| v.len() >= out.len()),
+            "axpy_x4: a value row shorter than the output"
+        );
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only built after detecting AVX2; the
+            // lengths are checked above.
+            Isa::Avx2 => unsafe { x86::vec::axpy4_avx2(out, w, x) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F
+            // and AVX2; the lengths are checked above.
+            Isa::Avx512 => unsafe { x86::vec::axpy4_avx512(out, w, x) },
+            _ => {
+                for j in 0..4 {
+                    self.axpy(out, w[j], x[j]);
+                }
+            }
+        }
+    }
+
     /// `out_i += w * x_i` over the common length: per element one rounded
     /// multiply then one rounded add, as the scalar loop (never fused), so
     /// every set gives the same bits. Attention's weighted sum of values.

@@ -83,6 +83,133 @@ pub(in crate::kernels) unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
     reduce8(_mm256_add_ps(_mm512_castps512_ps256(acc), upper)) + tail_dot(&a[body..n], &b[body..n])
 }
 
+/// Four dot products of `a` with `b[j]`, each summed exactly as
+/// [`dot_avx2`] sums it; `a` is loaded once for all four and the four
+/// chains of adds run side by side.
+///
+/// # Safety
+/// The CPU supports AVX2, and every `b[j]` holds at least `a.len()` values.
+#[target_feature(enable = "avx2")]
+pub(in crate::kernels) unsafe fn dot4_avx2(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    let n = a.len();
+    let body = n / 16 * 16;
+    let pa = a.as_ptr();
+    let pb = b.map(<[f32]>::as_ptr);
+    let mut lo = [_mm256_setzero_ps(); 4];
+    let mut hi = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 16 <= body <= n`, and every slice holds `n` values.
+        unsafe {
+            let (xl, xh) = (_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pa.add(i + 8)));
+            for j in 0..4 {
+                lo[j] = _mm256_add_ps(lo[j], _mm256_mul_ps(xl, _mm256_loadu_ps(pb[j].add(i))));
+                hi[j] = _mm256_add_ps(hi[j], _mm256_mul_ps(xh, _mm256_loadu_ps(pb[j].add(i + 8))));
+            }
+        }
+        i += 16;
+    }
+    let mut out = [0f32; 4];
+    for j in 0..4 {
+        out[j] = reduce8(_mm256_add_ps(lo[j], hi[j])) + tail_dot(&a[body..n], &b[j][body..n]);
+    }
+    out
+}
+
+/// Four dot products of `a` with `b[j]`, each summed exactly as
+/// [`dot_avx512`] sums it, `a` loaded once for all four.
+///
+/// # Safety
+/// The CPU supports AVX-512F (and so AVX2), and every `b[j]` holds at least
+/// `a.len()` values.
+#[target_feature(enable = "avx512f")]
+pub(in crate::kernels) unsafe fn dot4_avx512(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    let n = a.len();
+    let body = n / 16 * 16;
+    let pa = a.as_ptr();
+    let pb = b.map(<[f32]>::as_ptr);
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 16 <= body <= n`, and every slice holds `n` values.
+        unsafe {
+            let x = _mm512_loadu_ps(pa.add(i));
+            for j in 0..4 {
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(x, _mm512_loadu_ps(pb[j].add(i))));
+            }
+        }
+        i += 16;
+    }
+    let mut out = [0f32; 4];
+    for j in 0..4 {
+        let upper = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[j])));
+        out[j] = reduce8(_mm256_add_ps(_mm512_castps512_ps256(acc[j]), upper))
+            + tail_dot(&a[body..n], &b[j][body..n]);
+    }
+    out
+}
+
+/// `out_i = (((out_i + w0 x0_i) + w1 x1_i) + w2 x2_i) + w3 x3_i`, each step a
+/// rounded multiply then a rounded add: four [`axpy_avx2`] calls in a row,
+/// bit for bit, with `out` loaded and stored once instead of four times.
+///
+/// # Safety
+/// The CPU supports AVX2, and every `x[j]` holds at least `out.len()` values.
+#[target_feature(enable = "avx2")]
+pub(in crate::kernels) unsafe fn axpy4_avx2(out: &mut [f32], w: [f32; 4], x: [&[f32]; 4]) {
+    let n = out.len();
+    let body = n / 8 * 8;
+    let po = out.as_mut_ptr();
+    let px = x.map(<[f32]>::as_ptr);
+    let wv = w.map(|v| _mm256_set1_ps(v));
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 8 <= body <= n`, and every slice holds `n` values.
+        unsafe {
+            let mut o = _mm256_loadu_ps(po.add(i));
+            for j in 0..4 {
+                o = _mm256_add_ps(o, _mm256_mul_ps(wv[j], _mm256_loadu_ps(px[j].add(i))));
+            }
+            _mm256_storeu_ps(po.add(i), o);
+        }
+        i += 8;
+    }
+    for (k, o) in out.iter_mut().enumerate().skip(body) {
+        for j in 0..4 {
+            *o += w[j] * x[j][k];
+        }
+    }
+}
+
+/// As [`axpy4_avx2`], 16 lanes at a time.
+///
+/// # Safety
+/// The CPU supports AVX-512F (and so AVX2), and every `x[j]` holds at least
+/// `out.len()` values.
+#[target_feature(enable = "avx512f")]
+pub(in crate::kernels) unsafe fn axpy4_avx512(out: &mut [f32], w: [f32; 4], x: [&[f32]; 4]) {
+    let n = out.len();
+    let body = n / 16 * 16;
+    let po = out.as_mut_ptr();
+    let px = x.map(<[f32]>::as_ptr);
+    let wv = w.map(|v| _mm512_set1_ps(v));
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 16 <= body <= n`, and every slice holds `n` values.
+        unsafe {
+            let mut o = _mm512_loadu_ps(po.add(i));
+            for j in 0..4 {
+                o = _mm512_add_ps(o, _mm512_mul_ps(wv[j], _mm512_loadu_ps(px[j].add(i))));
+            }
+            _mm512_storeu_ps(po.add(i), o);
+        }
+        i += 16;
+    }
+    let rest = x.map(|v| &v[body..n]);
+    // SAFETY: AVX-512F implies AVX2; every slice holds `n - body` values.
+    unsafe { axpy4_avx2(&mut out[body..n], w, rest) }
+}
+
 /// `out_i = out_i + w x_i` (multiply, then add) over the common length.
 ///
 /// # Safety
