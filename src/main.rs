@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use colibri::cli::{
-    Cli, Command, bench, chat, convert, doctor, models, plan, policy, run, serve, synth, validate,
+    Cli, Command, bench, chat, convert, doctor, models, plan, policy, quality, run, serve, synth, validate,
 };
 
 fn main() -> ExitCode {
@@ -40,6 +40,7 @@ fn main() -> ExitCode {
             Ok(pool) => pool.install(move || match command {
                 Command::Run(a) => run::run(a).map(|_| true),
                 Command::Validate(a) => validate::run(a),
+                Command::Quality(a) => quality::run(a).map(|_| true),
                 Command::Convert(a) => convert::run(a).map(|_| true),
                 Command::Synth(a) => synth::run(a).map(|_| true),
                 Command::Bench(a) => bench::run(a),

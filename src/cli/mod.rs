@@ -17,6 +17,7 @@ pub mod models;
 pub mod output;
 pub mod plan;
 pub mod policy;
+pub mod quality;
 pub mod run;
 pub mod serve;
 pub mod synth;
@@ -45,6 +46,10 @@ pub enum Command {
     Run(run::RunArgs),
     /// Compare greedy / teacher-forced predictions with a transformers oracle.
     Validate(validate::ValidateArgs),
+    /// How far a (quantized) model's next-token distributions are from a
+    /// reference's on the same text: top-1 agreement, KL divergence,
+    /// perplexity.
+    Quality(quality::QualityArgs),
     /// Write a streaming container (quantized experts, one read per expert).
     Convert(convert::ConvertArgs),
     /// Serve the stdin/stdout protocol (front ends drive this).
@@ -77,6 +82,7 @@ impl Command {
         match self {
             Command::Run(a) => Some(&a.engine),
             Command::Validate(a) => Some(&a.engine),
+            Command::Quality(a) => Some(&a.engine),
             Command::Serve(a) => Some(&a.engine),
             Command::Chat(a) => Some(&a.engine),
             Command::Bench(a) => Some(&a.engine),

@@ -738,7 +738,7 @@ def long_llama(a, model, threads, n, round_seed):
 
 def long(a):
     """Long prompts: prefill of `--long-lens` tokens, then 16 greedy tokens at
-    that context, coli (`--coli-args "--kv-type f16"` for f16 KV) against
+    that context, coli (f16 KV by default) against
     llama-server (flash attention, f16 KV), rounds interleaved, both from
     the page cache; peak RSS of each run."""
     src, gguf = a.work / "coli-int8", a.work / "olmoe-q8_0.gguf"
