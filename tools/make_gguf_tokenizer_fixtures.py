@@ -16,7 +16,7 @@
 # Why synthetic tokenizers: the tokenizers under fixtures/*-tiny are all one
 # GPT-2-style byte-level BPE of a few hundred tokens, and the real ones of
 # these families are megabytes each. So each family here is a small BPE
-# (about 700 tokens) trained on the corpus below with *no* pre-tokenizer
+# (about 1000 tokens) trained on the corpus below with *no* pre-tokenizer
 # (its merges cross spaces, digits and punctuation, so any difference in how
 # a pre-tokenizer splits shows in the ids), then given the family's real
 # pre-tokenizer, normalizer, decoder, ignore_merges and special tokens as the
@@ -194,9 +194,11 @@ def training_text():
         with open(os.path.join(REPO, f), encoding="utf-8") as fh:
             parts.append(fh.read())
     lines = CORPUS + [line for v in SPECIAL_LINES.values() for line in v]
-    # The corpus itself a few times, so its words, digit runs and whitespace
-    # runs become merges.
-    parts.extend(lines * 3)
+    # The corpus itself many times, so its words, digit runs, whitespace runs
+    # and the joins between them become merges (what makes every family's
+    # pre-tokenizer visible in the ids: tests/gguf_tokenizer.rs checks that
+    # swapping in another family's changes them).
+    parts.extend(lines * 20)
     return parts
 
 
@@ -207,11 +209,11 @@ def train_bpe(family, spec, texts):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=700,
+        vocab_size=1000,
         min_frequency=2,
         special_tokens=spec["specials"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        max_token_length=8,
+        max_token_length=12,
         show_progress=False,
     )
     # Trained on whole paragraphs (no pre-tokenizer), so merges span pieces.

@@ -110,3 +110,32 @@ pub fn supported() -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenizers::SplitDelimiterBehavior;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+
+    #[test]
+    fn every_regex_compiles_and_every_name_is_unique() {
+        let mut names = Vec::new();
+        for p in PRE_TOKENIZERS {
+            for re in p.splits {
+                Split::new(
+                    SplitPattern::Regex(re.to_string()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .unwrap_or_else(|e| panic!("{:?}: {e}", p.names));
+            }
+            names.extend(p.names.iter().copied());
+        }
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n, "a name twice");
+        assert!(lookup("default").is_none(), "llama.cpp's fallback is refused");
+        assert_eq!(lookup("llama3").map(|p| p.names[0]), Some("llama-bpe"));
+    }
+}

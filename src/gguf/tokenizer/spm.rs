@@ -22,7 +22,7 @@ use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{BPE, Vocab as BpeVocab};
 use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence};
 
-use super::{MERGES_KEY, SCORES_KEY, TOKENS_KEY, Vocab};
+use super::{SCORES_KEY, TOKENS_KEY, Vocab};
 use crate::gguf::value::Array;
 use crate::gguf::{GgufError, Metadata};
 
@@ -75,9 +75,8 @@ pub(super) fn build(
         dec.push(Strip::new(' ', 1, 0).into());
     }
     tok.with_decoder(Some(DecoderSequence::new(dec)));
-    // Merges are derived, not read; a file that carries some anyway is not
+    // Merges are derived, not read: a file that carries some anyway is not
     // refused (llama.cpp ignores them too).
-    let _ = MERGES_KEY;
     Ok(tok)
 }
 
