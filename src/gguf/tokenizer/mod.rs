@@ -169,7 +169,8 @@ pub fn hf_tokenizer_from_gguf(
     meta: &Metadata,
 ) -> Result<(tokenizers::Tokenizer, TokenizerKind, SpecialTokens), GgufError> {
     let model = meta.get_str(MODEL_KEY)?;
-    let vocab = Vocab::read(meta)?;
+    // The names first: an unsupported tokenizer is refused as such, whatever
+    // its vocabulary looks like.
     let plan = match model {
         "gpt2" => Plan::Bpe(pre_spec(meta)?),
         "llama" => Plan::Spm {
@@ -185,6 +186,7 @@ pub fn hf_tokenizer_from_gguf(
             });
         }
     };
+    let vocab = Vocab::read(meta)?;
     let defaults = match plan {
         Plan::Bpe(spec) => Defaults {
             bos: None,
