@@ -45,6 +45,22 @@ impl Tokenizer {
         Ok(Self { inner, span })
     }
 
+    /// Wraps a tokenizer built in memory (a GGUF file's, rebuilt from its
+    /// metadata by [`crate::gguf::tokenizer_from_gguf`]); the length bound
+    /// is read from its tokenizer.json form, as [`Tokenizer::load`] reads it
+    /// from the file.
+    pub fn from_hf(inner: tokenizers::Tokenizer) -> Self {
+        let span = serde_json::to_value(&inner)
+            .map_err(|e| bound::Unbounded(e.to_string()))
+            .and_then(|json| bound::max_span(&json));
+        Self { inner, span }
+    }
+
+    /// The Hugging Face tokenizer inside.
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     /// The fewest tokens a text of `bytes` bytes can encode to, when the
     /// tokenizer allows such a bound ([`bound`] says why it holds): every
     /// token covers at most `span` bytes, so there are at least

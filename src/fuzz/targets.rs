@@ -67,6 +67,12 @@ pub fn all_targets() -> Vec<Target> {
             mutate: gguf_mutate,
             check: gguf_check,
         },
+        Target {
+            name: "gguf-tokenizer",
+            seeds: gguf_tokenizer_seeds,
+            mutate: gguf_mutate,
+            check: gguf_tokenizer_check,
+        },
     ]
 }
 
@@ -675,9 +681,89 @@ fn gguf_check(input: &[u8]) -> Verdict {
     Verdict::Accepted
 }
 
+// ---- GGUF tokenizer ---------------------------------------------------------
+
+/// Vocab-only GGUF files: a byte-level BPE (tokens, types, merges, special
+/// ids) and a SentencePiece one (scores, byte tokens, unknown and control
+/// tokens), small enough that a mutant's header edits land in the arrays.
+fn gguf_tokenizer_seeds() -> Vec<Vec<u8>> {
+    let strings = |v: &[&str]| Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()));
+    let mut bpe = GgufImage::new();
+    bpe.kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            strings(&["a", "b", "ab", "Ġ", "Ġab", "1", "<|e|>"]),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![1, 1, 1, 1, 1, 1, 3])),
+        )
+        .kv("tokenizer.ggml.merges", strings(&["a b", "Ġ ab"]))
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(6))
+        .kv("tokenizer.ggml.bos_token_id", Value::U32(6))
+        .kv("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    let mut spm = GgufImage::new();
+    spm.kv("tokenizer.ggml.model", Value::String("llama".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            strings(&[
+                "<unk>", "<s>", "</s>", "<0xC3>", "<0xA9>", "▁", "a", "b", "ab", "▁ab",
+            ]),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![2, 3, 3, 6, 6, 1, 1, 1, 1, 1])),
+        )
+        .kv(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32((0..10).map(|i| -(i as f32)).collect())),
+        )
+        .kv("tokenizer.ggml.add_space_prefix", Value::Bool(true));
+    vec![bpe.to_bytes(), spm.to_bytes()]
+}
+
+/// An accepted vocabulary encodes a hostile text to ids of the vocabulary,
+/// decodes them again, and its special ids are in range.
+fn gguf_tokenizer_check(input: &[u8]) -> Verdict {
+    let Ok(g) = crate::gguf::parse(input) else {
+        return Verdict::Refused;
+    };
+    let Ok(t) = crate::gguf::tokenizer_from_gguf(&g.metadata) else {
+        return Verdict::Refused;
+    };
+    let n = t.hf().get_vocab_size(true) as u32;
+    let s = &t.special;
+    if let Some(id) = [s.bos, s.eos, s.eot, s.eom, s.pad, s.unk, s.sep]
+        .into_iter()
+        .flatten()
+        .find(|&id| id >= n)
+    {
+        return Verdict::Broken(format!("special id {id} of {n}"));
+    }
+    let text = "ab ab\u{e9}<|e|><s> 1\t\n\u{1F600}";
+    match t.tokenizer().encode(text) {
+        Ok(ids) => {
+            if let Some(id) = ids.iter().find(|&&id| id >= n) {
+                return Verdict::Broken(format!("id {id} of a {n}-token vocabulary"));
+            }
+            let _ = t.tokenizer().decode_with(&ids, true);
+            Verdict::Accepted
+        }
+        Err(e) => Verdict::Broken(format!("an accepted vocabulary fails to encode: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gguf_tokenizer_seeds_are_accepted() {
+        for s in gguf_tokenizer_seeds() {
+            assert!(matches!(gguf_tokenizer_check(&s), Verdict::Accepted));
+        }
+    }
 
     #[test]
     fn the_gguf_seeds_parse_and_their_experts_split() {

@@ -91,6 +91,16 @@ pub enum GgufError {
     Split { path: PathBuf, reason: String },
     #[error("general.architecture {found:?} is not supported (supported: {supported})")]
     Architecture { found: String, supported: String },
+    /// A value the engine understands but cannot honour (a tokenizer model
+    /// or pre-tokenizer it has no rebuild for), with what it does support
+    /// and what to do instead.
+    #[error("key {key:?}: {found:?} is not supported (supported: {supported}); {hint}")]
+    Unsupported {
+        key: String,
+        found: String,
+        supported: String,
+        hint: &'static str,
+    },
 }
 
 impl GgufError {

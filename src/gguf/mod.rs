@@ -2,7 +2,8 @@
 //! single or split into `name-NNNNN-of-MMMMM.gguf` shards: the header,
 //! metadata and tensor infos read and validated completely at open, the
 //! ggml type table that sizes each tensor, the byte ranges of each routed
-//! expert, and the family hook that turns metadata into a model config.
+//! expert, the family hook that turns metadata into a model config, and
+//! the tokenizer rebuilt from `tokenizer.ggml.*` metadata.
 //! Nothing here runs a GGUF model yet (docs/gguf.md).
 //!
 //! Written here rather than taken from a crate: the GGUF crates parse but
@@ -17,6 +18,7 @@ mod file;
 mod header;
 mod metadata;
 pub mod split;
+pub mod tokenizer;
 mod types;
 mod value;
 
@@ -29,5 +31,6 @@ pub use header::{
 };
 pub use metadata::{Metadata, optional};
 pub use split::{GgufModel, TensorLoc};
+pub use tokenizer::{GgufTokenizer, SpecialTokens, TokenizerKind, tokenizer_from_gguf};
 pub use types::GgmlType;
 pub use value::{Array, Value, ValueType, f32_as_decimal};
