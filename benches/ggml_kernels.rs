@@ -8,7 +8,6 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use colibri::kernels::Kernels;
 use colibri::kernels::ggml::{self, GgmlActs, GgmlType};
 use criterion::{Criterion, criterion_group, criterion_main};
 

@@ -32,7 +32,9 @@ pub use acts::GgmlActs;
 pub use blocks::{QK, QK_K};
 pub use error::GgmlError;
 
-use super::{Isa, Kernels};
+#[cfg(target_arch = "x86_64")]
+use super::Isa;
+use super::Kernels;
 pub use crate::gguf::GgmlType;
 
 /// The weight types these kernels compute with.
