@@ -20,6 +20,7 @@
 //! The optional int8-activation mode ([`QActs`], [`Kernels::dot_q8`]) trades
 //! exactness against the f32 reference for speed; it is never the default.
 
+pub mod ggml;
 pub mod q8;
 pub mod scalar;
 

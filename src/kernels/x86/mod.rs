@@ -3,6 +3,8 @@
 pub(super) mod avx2;
 pub(super) mod avx2_q8;
 pub(super) mod avx512;
+pub(super) mod ggml_avx2;
+pub(super) mod ggml_avx512;
 pub(super) mod q8_row;
 pub(super) mod vec;
 pub(super) mod vnni;
