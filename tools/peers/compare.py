@@ -715,7 +715,10 @@ def long_llama(a, model, threads, n, round_seed):
     port = free_port()
     cmd = [server_bin(a.work), "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", "1",
            "-c", str(n + LONG_DECODE + 32), "-t", str(threads), "-tb", str(threads), "-fa", "on",
-           "-ctk", "f16", "-ctv", "f16", "-b", "512", "-ub", "512"]
+           "-ctk", "f16", "-ctv", "f16", "-b", "512", "-ub", "512",
+           # The server caps a slot at the GGUF's training context (4096
+           # for this shape); raise it as coli's raised config does.
+           "--override-kv", f"olmoe.context_length=int:{n + LONG_DECODE + 32}"]
     proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(a.work / "llama-server.log", "w"))
     try:
