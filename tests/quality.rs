@@ -13,14 +13,19 @@ fn text() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/quality/wordnet-heldout.txt")
 }
 
+/// `coli quality` on the bundled model against itself, then `extra`.
+fn against_itself(extra: &[&str]) -> std::process::Output {
+    let m = bundled();
+    let m = m.to_str().unwrap();
+    support::coli_command()
+        .args(["quality", "--model", m, "--reference", m])
+        .args(extra)
+        .output()
+}
+
 fn quality(extra: &[&str]) -> std::process::Output {
-    let (m, t) = (bundled(), text());
+    let t = text();
     let mut args = vec![
-        "quality",
-        "--model",
-        m.to_str().unwrap(),
-        "--reference",
-        m.to_str().unwrap(),
         "--text",
         t.to_str().unwrap(),
         "--max-positions",
@@ -30,7 +35,7 @@ fn quality(extra: &[&str]) -> std::process::Output {
         "--json",
     ];
     args.extend_from_slice(extra);
-    support::coli_command().args(&args).output()
+    against_itself(&args)
 }
 
 fn json(o: &std::process::Output) -> serde_json::Value {
@@ -66,17 +71,7 @@ fn bad_input_is_named() {
     let ids = tmp.path().join("ids.txt");
     std::fs::write(&ids, "1, 2, x3").unwrap();
     let m = bundled();
-    let run = |extra: &[&str]| {
-        let mut args = vec![
-            "quality",
-            "--model",
-            m.to_str().unwrap(),
-            "--reference",
-            m.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        support::coli_command().args(&args).output()
-    };
+    let run = against_itself;
     let o = run(&["--ids", ids.to_str().unwrap()]);
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);

@@ -31,16 +31,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RUNNER = """
-import sys
-src = sys.argv.pop(1)
-sys.path.insert(0, src + "/gguf-py")
-sys.path.insert(0, src)
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-import convert_hf_to_gguf
-convert_hf_to_gguf.main()
-"""
+sys.path.insert(0, str(REPO / "tools"))
+# The converter runner the GGUF fixtures are made with (its pre-tokenizer
+# answer explained there).
+from make_gguf_fixtures import RUNNER  # noqa: E402
 COLI_FORMATS = ["int8", "int4-g32", "int4-g64", "int4", "int2"]
 LLAMA_TYPES = ["Q8_0", "Q4_0", "Q4_K_M"]
 
