@@ -284,36 +284,39 @@ pub fn attend(
     let kern = dispatch();
     let outs: Vec<Vec<f32>> = blocks
         .par_iter()
-        .map_init(BlockBuffers::default, |buf, (s, h, rows)| {
-            let (keys, vals) = caches[*s];
-            let h = *h;
-            let spans: Vec<(usize, usize)> = rows
-                .clone()
-                .map(|t| {
+        .map_init(
+            || (BlockBuffers::default(), Vec::new(), Vec::new()),
+            |(buf, spans, qs), (s, h, rows)| {
+                let (keys, vals) = caches[*s];
+                let h = *h;
+                // Reused per worker like `buf`: cleared and refilled per item.
+                spans.clear();
+                spans.extend(rows.clone().map(|t| {
                     let pos = row_seq[t].1;
                     (first_of(pos), pos)
-                })
-                .collect();
-            let qs: Vec<&[f32]> = rows
-                .clone()
-                .map(|t| &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd])
-                .collect();
-            let head = HeadView {
-                kv_dim,
-                off: (h / group) * hd,
-                hd,
-            };
-            attend_block(
-                &kern,
-                &qs,
-                &spans,
-                (keys, vals),
-                head,
-                scale,
-                w.sinks.get(h).copied(),
-                buf,
-            )
-        })
+                }));
+                qs.clear();
+                qs.extend(
+                    rows.clone()
+                        .map(|t| &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]),
+                );
+                let head = HeadView {
+                    kv_dim,
+                    off: (h / group) * hd,
+                    hd,
+                };
+                attend_block(
+                    &kern,
+                    qs,
+                    spans,
+                    (keys, vals),
+                    head,
+                    scale,
+                    w.sinks.get(h).copied(),
+                    buf,
+                )
+            },
+        )
         .collect();
     let mut ctx = vec![0f32; n * q_dim];
     for ((_, h, rows), out) in blocks.iter().zip(&outs) {
