@@ -13,11 +13,17 @@
  *   greedy        N_NEW ids decoded greedily after PROMPT_IDS (argmax,
  *                 ties to the lowest id; the eos id does not stop it),
  *                 prompt in one batch, then one token per llama_decode
+ *   greedy_margin top1 - top2 logit at each of those steps
  *   tf_argmax     argmax of the logits at every position of SEQ_IDS, from
  *                 one llama_decode of the whole sequence (fresh KV cache)
  *   tf_margin     top1 - top2 logit at every position of that pass
  *   logits_first  all logits at position 0 of that pass
  *   logits_last   all logits at the last position of that pass
+ *   tf_router_gap at every position of the teacher-forced pass, the
+ *                 smallest gap over the layers between the k-th and the
+ *                 (k+1)-th router logit (ffn_moe_logits-L, read through the
+ *                 scheduler's eval callback): the expert choice's margin
+ *   min_router_gap_greedy  the same minimum over every greedy decode call
  * plus the settings used. Floats are printed with 9 significant digits
  * (enough to round-trip an f32).
  *
@@ -36,6 +42,63 @@
 #include "llama.h"
 
 #define N_CTX 256
+#define MAX_EXPERTS 256
+
+/* Router-logit capture for the decode call in progress: per row of the
+ * batch, the smallest gap (over the layers) between the k-th and the
+ * (k+1)-th largest router logit. The last layer keeps only the output rows
+ * (inp_out_ids) before its FFN; in the teacher-forced pass every row is an
+ * output, so row j is position j there. */
+static struct {
+    int k;            /* experts used per token */
+    float gap[N_CTX]; /* by row of the batch */
+} router;
+
+static int router_on = 1;
+
+static bool router_cb(struct ggml_tensor *t, bool ask, void *ud) {
+    (void)ud;
+    const char *p = "ffn_moe_logits-";
+    if (strncmp(t->name, p, strlen(p)) != 0) return !ask;
+    if (ask) return true;
+    const int ne = (int)t->ne[0], nt = (int)t->ne[1], k = router.k;
+    if (t->type != GGML_TYPE_F32 || k < 1 || k >= ne || nt > N_CTX) return true;
+    float *buf = malloc(sizeof(float) * ne * nt);
+    ggml_backend_tensor_get(t, buf, 0, sizeof(float) * ne * nt);
+    for (int j = 0; j < nt; j++) {
+        const float *x = buf + (size_t)j * ne;
+        /* the k-th and (k+1)-th largest: k+1 rounds of selection */
+        float prev = INFINITY, kth = 0, next = 0;
+        int prev_idx = -1;
+        for (int r = 0; r <= k; r++) {
+            int bi = -1;
+            for (int e = 0; e < ne; e++) {
+                /* strictly below the previous pick, or equal to it with a
+                 * larger index: ties are kept as distinct entries */
+                int below = x[e] < prev || (x[e] == prev && e > prev_idx);
+                if (below && (bi < 0 || x[e] > x[bi])) bi = e;
+            }
+            prev = x[bi];
+            prev_idx = bi;
+            if (r == k - 1) kth = prev;
+            if (r == k) next = prev;
+        }
+        if (kth - next < router.gap[j]) router.gap[j] = kth - next;
+    }
+    free(buf);
+    return true;
+}
+
+static void router_reset(void) {
+    for (int i = 0; i < N_CTX; i++) router.gap[i] = INFINITY;
+}
+
+static float router_min(void) {
+    float m = INFINITY;
+    for (int i = 0; i < N_CTX; i++)
+        if (router.gap[i] < m) m = router.gap[i];
+    return m;
+}
 
 static void quiet_log(enum ggml_log_level level, const char *text, void *ud) {
     (void)ud;
@@ -121,6 +184,13 @@ int main(int argc, char **argv) {
     }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
+    {
+        char arch[64], key[128], val[32];
+        if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) < 0) arch[0] = 0;
+        snprintf(key, sizeof key, "%s.expert_used_count", arch);
+        router.k = llama_model_meta_val_str(model, key, val, sizeof val) < 0 ? 0 : atoi(val);
+    }
+    router_on = router.k > 0 && !getenv("GGUF_REF_NO_ROUTER");
 
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = N_CTX;
@@ -135,6 +205,10 @@ int main(int argc, char **argv) {
     cp.offload_kqv = false;
     cp.op_offload = false;
     cp.no_perf = true;
+    if (router_on) {
+        cp.cb_eval = router_cb;
+        cp.cb_eval_user_data = NULL;
+    }
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         fprintf(stderr, "cannot create a context\n");
@@ -145,11 +219,13 @@ int main(int argc, char **argv) {
 
     /* (a) greedy decoding */
     int *greedy = malloc(sizeof(int) * (n_new + 1));
+    float *greedy_margin = malloc(sizeof(float) * (n_new + 1));
+    router_reset();
     fill_batch(&batch, prompt, n_prompt, 0, 0);
     if (llama_decode(ctx, batch)) { fprintf(stderr, "decode (prompt) failed\n"); return 1; }
     for (int t = 0; t < n_new; t++) {
         const float *lg = llama_get_logits_ith(ctx, -1);
-        llama_token next = argmax(lg, n_vocab, NULL);
+        llama_token next = argmax(lg, n_vocab, &greedy_margin[t]);
         greedy[t] = next;
         if (t + 1 == n_new) break;
         fill_batch(&batch, &next, 1, n_prompt + t, 0);
@@ -157,7 +233,9 @@ int main(int argc, char **argv) {
     }
 
     /* (b) teacher forcing: the whole sequence in one batch, fresh cache */
+    const float greedy_router = router_min();
     llama_memory_clear(llama_get_memory(ctx), true);
+    router_reset();
     fill_batch(&batch, seq, n_seq, 0, 1);
     if (llama_decode(ctx, batch)) { fprintf(stderr, "decode (sequence) failed\n"); return 1; }
     int *tf_arg = malloc(sizeof(int) * n_seq);
@@ -170,6 +248,9 @@ int main(int argc, char **argv) {
         if (i == n_seq - 1) memcpy(last, lg, sizeof(float) * n_vocab);
     }
 
+    float *tf_router = malloc(sizeof(float) * n_seq);
+    for (int i = 0; i < n_seq; i++) tf_router[i] = router.gap[i];
+
     char desc[256];
     llama_model_desc(model, desc, sizeof desc);
     printf("{\"model_desc\":\"%s\",\"n_vocab\":%d,", desc, n_vocab);
@@ -178,6 +259,8 @@ int main(int argc, char **argv) {
            N_CTX, N_CTX, N_CTX, repack ? "true" : "false");
     print_ints("greedy", greedy, n_new);
     printf(",");
+    print_floats("greedy_margin", greedy_margin, n_new);
+    printf(",");
     print_ints("tf_argmax", tf_arg, n_seq);
     printf(",");
     print_floats("tf_margin", tf_margin, n_seq);
@@ -185,9 +268,15 @@ int main(int argc, char **argv) {
     print_floats("logits_first", first, n_vocab);
     printf(",");
     print_floats("logits_last", last, n_vocab);
+    printf(",\"n_expert_used\":%d", router.k);
+    if (router_on) {
+        printf(",");
+        print_floats("tf_router_gap", tf_router, n_seq);
+        printf(",\"min_router_gap_greedy\":%.9g", greedy_router);
+    }
     printf("}\n");
 
-    free(greedy); free(tf_arg); free(tf_margin); free(first); free(last);
+    free(tf_router); free(greedy); free(greedy_margin); free(tf_arg); free(tf_margin); free(first); free(last);
     llama_batch_free(batch);
     llama_free(ctx);
     llama_model_free(model);
