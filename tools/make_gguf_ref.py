@@ -403,8 +403,8 @@ def main():
             transformers=transformers.__version__,
             safetensors=safetensors.__version__,
             numpy=numpy.__version__,
-            compile=" ".join(["gcc"] + [a if not a.startswith("/") else os.path.basename(a)
-                                         for a in gcc_cmd[1:]]),
+            compile=" ".join(a.replace(llama_cpp, "$LLAMA_CPP_SRC").replace(bin_dir, "$LLAMA_BUILD_BIN")
+                             .replace(work, "$WORK").replace(REPO + "/", "") for a in gcc_cmd),
             run="gguf_ref FILE PROMPT_IDS FULL_IDS 24",
             settings=settings,
             backend="CPU only, n_gpu_layers 0, no weight repacking (use_extra_bufts false)",
