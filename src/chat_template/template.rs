@@ -246,7 +246,7 @@ impl ChatTemplate {
     /// What the template text shows of the reply's markers, completed by
     /// `family`'s (the family registry's) where the text shows none: a
     /// fine-tune whose template writes another tool-call format keeps its own.
-    fn or_dialect(mut self, family: Dialect) -> Self {
+    pub(crate) fn or_dialect(mut self, family: Dialect) -> Self {
         self.dialect = self.dialect.or(family);
         self
     }

@@ -25,9 +25,7 @@ use crate::engine::{Engine, EngineOptions};
 use crate::engine::{MemoryPlan, peak_rss_bytes};
 use crate::model::olmoe::LoadOptions;
 use crate::routing::{Capacity, Outcome, RoutingTrace, replay};
-use crate::st::Checkpoint;
 use crate::synth::{ModelShape, PassResult, decode_pass, parse_replay_ids, replay_pass, synthetic_prompt};
-use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -232,7 +230,8 @@ fn workload(dir: &Path, cfg: &ModelShape, args: &BenchArgs) -> anyhow::Result<Wo
             std::fs::read_to_string(path).with_context(|| format!("reading --replay {}", path.display()))?;
         let ids = match parse_replay_ids(&text) {
             Some(ids) => ids,
-            None => Tokenizer::load(dir)
+            None => crate::engine::ModelFiles::resolve(dir)?
+                .tokenizer()?
                 .with_context(|| format!("--replay {} is text: the model needs a tokenizer", path.display()))?
                 .encode(&text)
                 .with_context(|| format!("tokenizing --replay {}", path.display()))?,
@@ -284,7 +283,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let opts = args.engine.options();
     let work = workload(&dir, &cfg, &args)?;
     let prompt = &work;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = crate::engine::ModelFiles::resolve(&dir)?.weights()?;
     let (map, _) = cfg.expert_map(&ck, LoadOptions::default())?;
     drop(ck);
 

@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::output::diag;
 use super::{EngineArgs, ModelArg, parse_ids};
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::chat_template::ChatMessage;
 use crate::engine::Engine;
 use crate::engine::speculative::{DraftMode, Speculator};
 use crate::runtime::limits;
@@ -95,8 +95,7 @@ fn draft_report(spec: &Speculator, engine: &Engine) -> String {
 /// assistant's reply; the text itself for a model without a template.
 /// A chat model given bare text sees no assistant prompt and often ends at once.
 pub fn chat_prompt(dir: &Path, text: &str) -> anyhow::Result<String> {
-    let family = crate::engine::template_family(dir);
-    match ChatTemplate::of_model(dir, family)? {
+    match crate::engine::ModelFiles::resolve(dir)?.shipped_template()? {
         Some(t) => Ok(t.render(&[ChatMessage::user(text)], true)?),
         None => Ok(text.to_string()),
     }

@@ -3,12 +3,15 @@
 
 pub mod context;
 mod generate;
+mod model_files;
 mod options;
 pub mod profile;
 mod slot_store;
 pub mod speculative;
 pub mod state;
 pub mod usage;
+
+pub use model_files::{ModelFiles, ModelFilesError};
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::{DEFAULT_KV_TYPES, EngineOptions, Placement, PromptCacheSize};
@@ -25,12 +28,10 @@ use colibri_actors::{
 
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertWeights};
-use crate::model::family::ModelConfig;
 use crate::model::lm::LanguageModel;
 use crate::model::olmoe::LoadOptions;
 use crate::progress::Progress;
 use crate::quant::QFormat;
-use crate::st::Checkpoint;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use usage::{CountingSource, PinMode, UsageRecorder, UsageStart, UsageTap};
 
@@ -50,6 +51,8 @@ pub enum EngineError {
     Forward(#[from] crate::model::lm::ForwardError),
     #[error(transparent)]
     State(#[from] state::StateError),
+    #[error("{0}")]
+    Files(String),
 }
 
 /// Builds the expert source a model streams its experts through, from the
@@ -354,11 +357,11 @@ type Loaded = (Box<dyn LanguageModel>, Vec<u32>, MemoryPlan, Arc<UsageTap>);
 /// (with the family's predictor, the KV cache sized from its config), and
 /// the family finishes the model around it.
 fn load_family(
-    dir: &Path,
+    files: &ModelFiles,
     opts: &EngineOptions,
     progress: Option<Arc<dyn Progress>>,
 ) -> Result<Loaded, EngineError> {
-    let config = ModelConfig::load(dir).map_err(ModelError::from)?;
+    let config = files.config()?;
     let load = LoadOptions {
         expert_format: QFormat::from_bits(opts.expert_bits)
             .map_err(|e| EngineError::Option(e.to_string()))?,
@@ -376,7 +379,7 @@ fn load_family(
             kv: opts.kv_types,
         },
     };
-    let mut ck = Checkpoint::open(dir).map_err(ModelError::from)?;
+    let mut ck = files.weights()?;
     if let Some(p) = &progress {
         ck = ck.with_progress(p.clone());
     }
@@ -398,7 +401,7 @@ fn load_family(
         needs,
         kv,
     )?;
-    let stops = stop_ids(dir, family.eos_ids);
+    let stops = files.stop_ids(family.eos_ids);
     let mut model = (family.finish)(source);
     if !model.set_kv_types(opts.kv_types) {
         tracing::info!(
@@ -411,6 +414,8 @@ fn load_family(
 /// A model ready to generate.
 pub struct Engine {
     pub dir: PathBuf,
+    /// What `dir` holds, and where its tokenizer, template and stop ids are.
+    pub files: ModelFiles,
     pub model: Box<dyn LanguageModel>,
     pub tokenizer: Option<Tokenizer>,
     pub stop_ids: Vec<u32>,
@@ -443,15 +448,13 @@ impl Engine {
         opts: &EngineOptions,
         progress: Option<Arc<dyn Progress>>,
     ) -> Result<Self, EngineError> {
-        let (model, stop_ids, memory, usage) = load_family(dir, opts, progress)?;
-        let state_fingerprint = state::model_fingerprint(dir, opts, model.fingerprint())?;
-        let tokenizer = match Tokenizer::load(dir) {
-            Ok(t) => Some(t),
-            Err(TokenizerError::Missing(_)) => None,
-            Err(e) => return Err(e.into()),
-        };
+        let files = ModelFiles::resolve(dir).map_err(|e| EngineError::Files(e.to_string()))?;
+        let (model, stop_ids, memory, usage) = load_family(&files, opts, progress)?;
+        let state_fingerprint = state::model_fingerprint(&files, opts, model.fingerprint())?;
+        let tokenizer = files.tokenizer()?;
         Ok(Self {
             dir: dir.to_path_buf(),
+            files,
             model,
             tokenizer,
             stop_ids,
@@ -546,5 +549,5 @@ pub fn stop_ids(dir: &Path, config_eos: Vec<u32>) -> Vec<u32> {
 /// The built-in chat format of a model directory's family (OLMoE's when
 /// its config.json cannot be read).
 pub fn template_family(dir: &Path) -> crate::chat_template::ChatFormat {
-    ModelConfig::load(dir).map_or(crate::chat_template::ChatFormat::OLMOE, |c| c.chat_format())
+    ModelFiles::resolve(dir).map_or(crate::chat_template::ChatFormat::OLMOE, |f| f.family_format())
 }

@@ -20,7 +20,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::EngineOptions;
+use super::{EngineOptions, ModelFiles};
 
 /// Sample reads per weight file, spread evenly over it.
 const SAMPLES_PER_FILE: u64 = 64;
@@ -80,26 +80,41 @@ impl Fnv {
 /// format chosen at load, `config.json`, and every weight file's name, size,
 /// safetensors header and sampled bytes. Reads about 16 KB per file plus
 /// the headers, whatever the model's size.
-pub fn model_fingerprint(dir: &Path, opts: &EngineOptions, shape: u64) -> Result<u64, StateError> {
+pub fn model_fingerprint(files: &ModelFiles, opts: &EngineOptions, shape: u64) -> Result<u64, StateError> {
     let mut h = Fnv::new();
     h.u64(shape);
     h.u64(opts.expert_bits as u64);
     h.u64(opts.dense_bits as u64);
     h.u64(opts.int8_acts as u64);
-    let config = dir.join("config.json");
-    let text = std::fs::read(&config).map_err(io_err("reading", &config))?;
-    h.bytes(&text);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io_err("listing", dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.extension()
-                .is_some_and(|e| e == "safetensors" || e == "bin" || e == "qs")
-                || p.file_name().is_some_and(|n| n == "model.safetensors.index.json")
-        })
-        .collect();
-    files.sort();
-    for path in &files {
+    let weights = match files {
+        ModelFiles::Checkpoint(dir) => {
+            let config = dir.join("config.json");
+            let text = std::fs::read(&config).map_err(io_err("reading", &config))?;
+            h.bytes(&text);
+            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(io_err("listing", dir))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.extension()
+                        .is_some_and(|e| e == "safetensors" || e == "bin" || e == "qs")
+                        || p.file_name().is_some_and(|n| n == "model.safetensors.index.json")
+                })
+                .collect();
+            found.sort();
+            found
+        }
+        // The GGUF's config as rebuilt from its metadata, and its shards.
+        ModelFiles::Gguf(path) => {
+            let model_err = |e: crate::model::ModelError| StateError::Io {
+                op: "reading",
+                path: path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            };
+            h.bytes(&files.config_text().map_err(model_err)?);
+            files.weight_files().map_err(model_err)?
+        }
+    };
+    for path in &weights {
         weight_file(&mut h, path)?;
     }
     Ok(h.0)
@@ -235,18 +250,19 @@ mod tests {
         st.extend_from_slice(&[1u8; 8]);
         std::fs::write(d.join("model.safetensors"), &st).unwrap();
         let o = EngineOptions::default();
-        let base = model_fingerprint(d, &o, 7).unwrap();
-        assert_eq!(base, model_fingerprint(d, &o, 7).unwrap(), "stable");
-        assert_ne!(base, model_fingerprint(d, &o, 8).unwrap(), "shape");
+        let files = ModelFiles::Checkpoint(d.to_path_buf());
+        let base = model_fingerprint(&files, &o, 7).unwrap();
+        assert_eq!(base, model_fingerprint(&files, &o, 7).unwrap(), "stable");
+        assert_ne!(base, model_fingerprint(&files, &o, 8).unwrap(), "shape");
         let int8 = EngineOptions {
             expert_bits: 8,
             ..EngineOptions::default()
         };
-        assert_ne!(base, model_fingerprint(d, &int8, 7).unwrap(), "bit widths");
+        assert_ne!(base, model_fingerprint(&files, &int8, 7).unwrap(), "bit widths");
         // Same shape and header, one weight changed.
         let n = st.len();
         st[n - 1] = 2;
         std::fs::write(d.join("model.safetensors"), &st).unwrap();
-        assert_ne!(base, model_fingerprint(d, &o, 7).unwrap(), "weights");
+        assert_ne!(base, model_fingerprint(&files, &o, 7).unwrap(), "weights");
     }
 }

@@ -4,12 +4,14 @@
 //! ggml type table that sizes each tensor, the byte ranges of each routed
 //! expert, the family hook that turns metadata into a model config, and
 //! the tokenizer rebuilt from `tokenizer.ggml.*` metadata.
-//! Nothing here runs a GGUF model yet (docs/gguf.md).
+//! [`checkpoint`] presents a model's tensors under the names the family
+//! loaders read, experts streamed from the file in place (docs/gguf.md).
 //!
 //! Written here rather than taken from a crate: the GGUF crates parse but
 //! do not validate what a hostile file needs (docs/dependencies.md).
 
 pub mod build;
+pub mod checkpoint;
 pub mod config;
 mod cursor;
 mod error;
@@ -17,6 +19,7 @@ pub mod experts;
 mod file;
 mod header;
 mod metadata;
+pub mod names;
 pub mod split;
 pub mod tokenizer;
 mod types;

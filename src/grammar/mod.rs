@@ -48,6 +48,9 @@ pub enum ConstraintError {
 /// Where a model's token environment comes from.
 enum Source {
     TokenizerJson(PathBuf),
+    /// A tokenizer built in memory (a GGUF's), in its tokenizer.json form;
+    /// the path names the model file in errors.
+    TokenizerValue(PathBuf, serde_json::Value),
     Words(Vec<Vec<u8>>),
 }
 
@@ -71,6 +74,22 @@ impl Grammars {
         }
     }
 
+    /// For a model whose tokenizer was built in memory (a GGUF's, rebuilt
+    /// from its metadata); `origin` names the model file in errors.
+    pub fn for_tokenizer(origin: &Path, tokenizer: &crate::tokenizer::Tokenizer, vocab: usize, stops: &[u32]) -> Self {
+        let source = match serde_json::to_value(tokenizer.hf()) {
+            Ok(json) => Source::TokenizerValue(origin.to_path_buf(), json),
+            // Unreachable for a tokenizer that loaded; reported at compile time.
+            Err(_) => Source::TokenizerJson(origin.to_path_buf()),
+        };
+        Self {
+            source,
+            vocab,
+            stops: stops.to_vec(),
+            factory: OnceLock::new(),
+        }
+    }
+
     /// Over a known vocabulary (`words[id]` is token `id`'s bytes).
     pub fn from_words(words: Vec<Vec<u8>>, vocab: usize, stops: &[u32]) -> Self {
         Self {
@@ -85,6 +104,7 @@ impl Grammars {
         let made = self.factory.get_or_init(|| {
             let words = match &self.source {
                 Source::TokenizerJson(path) => tokens::token_bytes(path)?,
+                Source::TokenizerValue(path, json) => tokens::token_bytes_of(path, json)?,
                 Source::Words(w) => w.clone(),
             };
             let env = tokens::token_env(words, self.vocab, &self.stops)?;
@@ -102,7 +122,7 @@ impl Grammars {
 
     fn path(&self) -> PathBuf {
         match &self.source {
-            Source::TokenizerJson(p) => p.clone(),
+            Source::TokenizerJson(p) | Source::TokenizerValue(p, _) => p.clone(),
             Source::Words(_) => PathBuf::from("(vocabulary)"),
         }
     }

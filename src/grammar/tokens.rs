@@ -35,10 +35,16 @@ pub fn token_bytes(path: &Path) -> Result<Vec<Vec<u8>>, VocabError> {
         path: path.to_path_buf(),
         message: format!("not JSON: {e}"),
     })?;
+    token_bytes_of(path, &json)
+}
+
+/// [`token_bytes`] of a tokenizer.json already parsed (`path` names where
+/// it came from).
+pub fn token_bytes_of(path: &Path, json: &serde_json::Value) -> Result<Vec<Vec<u8>>, VocabError> {
     // The reader asserts on some unexpected vocabularies: a panic there is
     // an unusable file, not a crash.
     llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        llguidance::token_bytes_from_tokenizer_json(&json)
+        llguidance::token_bytes_from_tokenizer_json(json)
     }))
     .map_err(|e| VocabError::Format {
         path: path.to_path_buf(),

@@ -39,7 +39,8 @@ fn pack_of(format: QFormat) -> Option<usize> {
         QFormat::Int8 => Some(1),
         QFormat::Int4 | QFormat::Int4Grouped { .. } => Some(2),
         QFormat::Int2 => Some(4),
-        QFormat::F32 => None,
+        // ggml blocks bring their own activation types (`kernels::ggml`).
+        QFormat::F32 | QFormat::Ggml(_) => None,
     }
 }
 

@@ -14,13 +14,18 @@ pub fn unpack(format: QFormat, bytes: &[u8], j: usize) -> i32 {
             nib as i32 - 8
         }
         QFormat::Int2 => ((bytes[j / 4] >> (2 * (j % 4))) & 0x03) as i32 - 2,
-        QFormat::F32 => 0,
+        // No per-weight code: f32 rows are not packed, and ggml rows are
+        // decoded block by block ([`ggml_row`]) before anything unpacks.
+        QFormat::F32 | QFormat::Ggml(_) => 0,
     }
 }
 
 /// `row · x`: per scale group, an f32 sum of `q_j * x_j`, times the scale,
 /// summed over groups in order.
 pub fn dot(row: &RowRef<'_>, x: &[f32]) -> f32 {
+    if let Some(w) = ggml_row(row) {
+        return w.iter().zip(x).map(|(a, b)| a * b).sum();
+    }
     match *row {
         RowRef::F32(w) => w.iter().zip(x).map(|(a, b)| a * b).sum(),
         RowRef::Packed {
@@ -47,6 +52,10 @@ pub fn dot(row: &RowRef<'_>, x: &[f32]) -> f32 {
 
 /// The row as f32 weights (`q * scale`).
 pub fn dequantize_row(row: &RowRef<'_>, out: &mut [f32]) {
+    if let Some(w) = ggml_row(row) {
+        out[..w.len()].copy_from_slice(&w);
+        return;
+    }
     match *row {
         RowRef::F32(w) => out.copy_from_slice(w),
         RowRef::Packed {
@@ -61,6 +70,26 @@ pub fn dequantize_row(row: &RowRef<'_>, out: &mut [f32]) {
             }
         }
     }
+}
+
+/// A ggml row decoded to f32, as ggml's `dequantize_row_*` writes it
+/// (`None` for the engine's own formats). A row that is not whole blocks
+/// decodes to zeros: matrices check their row length when built.
+fn ggml_row(row: &RowRef<'_>) -> Option<Vec<f32>> {
+    let RowRef::Packed {
+        format: QFormat::Ggml(ty),
+        cols,
+        bytes,
+        ..
+    } = *row
+    else {
+        return None;
+    };
+    let mut out = vec![0f32; cols];
+    if super::ggml::dequantize_row(ty, bytes, &mut out).is_err() {
+        out.fill(0.0);
+    }
+    Some(out)
 }
 
 /// `out_i += w * x_i` over the common length (multiply, then add).

@@ -122,6 +122,8 @@ pub fn load_swiglu(
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatrixSlot {
     pub dtype: Dtype,
+    /// ggml's block type for an expert kept in a GGUF's blocks.
+    pub block: Option<crate::gguf::GgmlType>,
     pub rows: usize,
     pub cols: usize,
     /// Piece index and byte length of the weights.
@@ -273,6 +275,9 @@ impl ExpertCodec {
                 .ok_or_else(|| format!("piece {i} runs past the buffer"))
         };
         let data = store(slot.data)?;
+        if let Some(ty) = slot.block {
+            return QMatrix::from_ggml(slot.rows, slot.cols, ty, data).map_err(|e| e.to_string());
+        }
         let scales = match slot.scales {
             Some(p) => Some(st::decode_f32(Dtype::F32, store(p)?.as_slice()).map_err(|e| e.to_string())?),
             None => None,
@@ -417,6 +422,7 @@ pub fn checkpoint_expert(
             pieces.push(piece);
             return Ok(MatrixSlot {
                 dtype,
+                block: None,
                 rows,
                 cols,
                 data,
@@ -437,6 +443,7 @@ pub fn checkpoint_expert(
         };
         Ok(MatrixSlot {
             dtype: meta.dtype,
+            block: meta.block,
             rows,
             cols,
             data,

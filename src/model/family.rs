@@ -57,6 +57,16 @@ pub(crate) trait Family: Sync {
             supported: supported_gguf_architectures(),
         })
     }
+
+    /// The GGUF's tensors under the names [`FamilyConfig::load`] reads
+    /// ([`crate::gguf::checkpoint`]), experts in place in the file. Called
+    /// only for an architecture the family lists.
+    fn gguf_checkpoint(&self, model: &GgufModel) -> Result<Checkpoint, GgufError> {
+        Err(GgufError::Architecture {
+            found: model.architecture().unwrap_or_default().to_string(),
+            supported: supported_gguf_architectures(),
+        })
+    }
 }
 
 /// A family's validated configuration: everything the engine, `coli

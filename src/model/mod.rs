@@ -40,4 +40,6 @@ pub enum ModelError {
     Weights(String),
     #[error(transparent)]
     Source(#[from] colibri_actors::SourceError),
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
 }

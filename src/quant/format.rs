@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::QuantError;
+use crate::gguf::GgmlType;
 
 /// How a matrix's weights are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -18,6 +19,12 @@ pub enum QFormat {
     },
     /// Four weights per byte (low bits first, value = field - 2), one scale per row.
     Int2,
+    /// ggml's blocks of a GGUF file, kept as stored (scales inside the
+    /// blocks, so no separate scale vector) and multiplied as llama.cpp
+    /// multiplies them: the activation quantized to the type's
+    /// `vec_dot_type` (Q8_0, Q8_1 or Q8_K) and integer block sums
+    /// ([`crate::kernels::ggml`]). Only the types those kernels support.
+    Ggml(GgmlType),
 }
 
 impl QFormat {
@@ -39,6 +46,7 @@ impl QFormat {
             Self::Int8 => 127,
             Self::Int4 | Self::Int4Grouped { .. } => 7,
             Self::Int2 => 1,
+            Self::Ggml(_) => 0,
         }
     }
 
@@ -49,15 +57,26 @@ impl QFormat {
             Self::Int8 => cols,
             Self::Int4 | Self::Int4Grouped { .. } => cols.div_ceil(2),
             Self::Int2 => cols.div_ceil(4),
+            // Whole blocks: a matrix of this format is only built after
+            // its row length was checked against the block size.
+            Self::Ggml(ty) => cols / ty.block_size() as usize * ty.type_size() as usize,
         }
     }
 
     /// Scales per row.
     pub fn scales_per_row(self, cols: usize) -> usize {
         match self {
-            Self::F32 => 0,
+            Self::F32 | Self::Ggml(_) => 0,
             Self::Int4Grouped { group } => cols.div_ceil(group),
             _ => 1,
+        }
+    }
+
+    /// The ggml block type, for a matrix kept in a GGUF's blocks.
+    pub fn ggml(self) -> Option<GgmlType> {
+        match self {
+            Self::Ggml(ty) => Some(ty),
+            _ => None,
         }
     }
 
@@ -78,6 +97,7 @@ impl fmt::Display for QFormat {
             Self::Int4 => write!(f, "int4"),
             Self::Int4Grouped { group } => write!(f, "int4-g{group}"),
             Self::Int2 => write!(f, "int2"),
+            Self::Ggml(ty) => write!(f, "{}", ty.name()),
         }
     }
 }

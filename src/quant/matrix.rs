@@ -3,6 +3,8 @@
 use rayon::prelude::*;
 
 use super::{ByteStore, QFormat, QuantError, infer_format, quantize_matrix};
+use crate::gguf::GgmlType;
+use crate::kernels::ggml::GgmlActs;
 use crate::kernels::{self, Kernels, QActs};
 
 /// Storage of a matrix's weights.
@@ -79,6 +81,33 @@ impl QMatrix {
         Self::from_parts(rows, cols, format, bytes, scales)
     }
 
+    /// A matrix of ggml `ty` blocks as a GGUF stores it (`bytes` are `rows`
+    /// rows of whole blocks, no separate scales). Products go through the
+    /// activation quantization llama.cpp uses for `ty`, always: that is
+    /// what the weights were quantized for, and what makes colibri's
+    /// results comparable with llama.cpp's on the same file.
+    pub fn from_ggml(rows: usize, cols: usize, ty: GgmlType, bytes: ByteStore) -> Result<Self, QuantError> {
+        let bad = |reason: String| QuantError::Ggml { ty, cols, reason };
+        // Supported types only: every kernel below is then defined.
+        crate::kernels::ggml::vec_dot_type(ty).map_err(|e| bad(e.to_string()))?;
+        let rb = crate::kernels::ggml::row_bytes(ty, cols).map_err(|e| bad(e.to_string()))?;
+        if rows.checked_mul(rb) != Some(bytes.len()) {
+            return Err(bad(format!(
+                "{rows} rows need {} bytes, found {}",
+                rows.saturating_mul(rb),
+                bytes.len()
+            )));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            format: QFormat::Ggml(ty),
+            data: Data::Packed(bytes),
+            scales: Vec::new(),
+            int8_acts: false,
+        })
+    }
+
     /// A quantized tensor whose format is known (checked against the sizes).
     pub fn from_parts(
         rows: usize,
@@ -89,6 +118,9 @@ impl QMatrix {
     ) -> Result<Self, QuantError> {
         let ok_bytes = rows.checked_mul(format.row_bytes(cols)) == Some(bytes.len());
         let ok_scales = rows.checked_mul(format.scales_per_row(cols)) == Some(scales.len());
+        if let QFormat::Ggml(ty) = format {
+            return Self::from_ggml(rows, cols, ty, bytes);
+        }
         if format == QFormat::F32 || !ok_bytes || !ok_scales {
             return Err(QuantError::NoLayout {
                 rows,
@@ -123,7 +155,8 @@ impl QMatrix {
     /// batching) but are not the f32-activation values. A no-op for f32
     /// weights, which keep the exact path.
     pub fn with_int8_acts(mut self, on: bool) -> Self {
-        self.int8_acts = on && self.format != QFormat::F32;
+        // ggml blocks always multiply through their own activation types.
+        self.int8_acts = on && !matches!(self.format, QFormat::F32 | QFormat::Ggml(_));
         self
     }
 
@@ -175,8 +208,72 @@ impl QMatrix {
 
     /// One row of the matrix as f32 (embedding lookup, tests).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        if let Some((ty, row)) = self.ggml_row(r) {
+            // The row length was checked when the matrix was built.
+            if crate::kernels::ggml::dequantize_row(ty, row, &mut out[..self.cols]).is_err() {
+                out.fill(0.0);
+            }
+            return;
+        }
         let row = self.row_ref(r);
         kernels::scalar::dequantize_row(&row, out);
+    }
+
+    /// Row `r`'s bytes when the matrix holds ggml blocks.
+    fn ggml_row(&self, r: usize) -> Option<(GgmlType, &[u8])> {
+        let ty = self.format.ggml()?;
+        let Data::Packed(b) = &self.data else {
+            return None;
+        };
+        let rb = self.format.row_bytes(self.cols);
+        Some((ty, &b.as_slice()[r * rb..(r + 1) * rb]))
+    }
+
+    /// The activation `x` quantized for this matrix's ggml type.
+    fn ggml_acts(ty: GgmlType, x: &[f32]) -> GgmlActs {
+        // Cannot fail: the type is supported and `x` has `cols` values, a
+        // whole number of blocks, both checked when the matrix was built.
+        GgmlActs::for_weights(ty, x).unwrap_or_else(|e| panic!("ggml activations: {e}"))
+    }
+
+    /// `y = W x` for ggml blocks, parallel over rows; each row's value is
+    /// [`Kernels::ggml_dot`] of it, whatever the split.
+    fn ggml_matvec(&self, k: &Kernels, ty: GgmlType, x: &[f32], y: &mut [f32]) {
+        let a = Self::ggml_acts(ty, x);
+        let bytes = self.packed().unwrap_or(&[]);
+        let rb = self.format.row_bytes(self.cols);
+        y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
+            let first = c * ROWS_PER_TASK;
+            k.ggml_dot_rows(ty, &bytes[first * rb..(first + ys.len()) * rb], &a, ys);
+        });
+    }
+
+    /// `Y = X Wᵀ` for ggml blocks: each token quantized once (as matvec
+    /// does), each block of rows read once for every token.
+    fn ggml_matmul(&self, k: &Kernels, ty: GgmlType, x: &[f32], n: usize, y: &mut [f32]) {
+        let cols = self.cols;
+        let acts: Vec<GgmlActs> = (0..n)
+            .map(|t| Self::ggml_acts(ty, &x[t * cols..(t + 1) * cols]))
+            .collect();
+        let bytes = self.packed().unwrap_or(&[]);
+        let (rows, rb) = (self.rows, self.format.row_bytes(cols));
+        let mut yt = vec![0f32; n * rows];
+        yt.par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .for_each(|(c, block)| {
+                let (first, m) = (c * ROWS_PER_TASK, block.len() / n);
+                let rows_bytes = &bytes[first * rb..(first + m) * rb];
+                // Token-major in the block: `block[t * m + i]`.
+                for (a, out) in acts.iter().zip(block.chunks_mut(m)) {
+                    k.ggml_dot_rows(ty, rows_bytes, a, out);
+                }
+            });
+        for (c, block) in yt.chunks(ROWS_PER_TASK * n).enumerate() {
+            let (first, m) = (c * ROWS_PER_TASK, block.len() / n);
+            for t in 0..n {
+                y[t * rows + first..t * rows + first + m].copy_from_slice(&block[t * m..(t + 1) * m]);
+            }
+        }
     }
 
     fn row_ref(&self, r: usize) -> kernels::RowRef<'_> {
@@ -199,6 +296,9 @@ impl QMatrix {
     /// against different vectors (MLA's absorbed attention); the same value
     /// the exact matvec gives for that row.
     pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+        if let Some((ty, row)) = self.ggml_row(r) {
+            return kernels::dispatch().ggml_dot(ty, row, &Self::ggml_acts(ty, x));
+        }
         kernels::dispatch().dot(&self.row_ref(r), x)
     }
 
@@ -210,6 +310,11 @@ impl QMatrix {
 
     /// [`QMatrix::matvec`] with a chosen kernel set (tests, benches).
     pub fn matvec_with(&self, k: &Kernels, x: &[f32], y: &mut [f32]) {
+        if let Some(ty) = self.format.ggml() {
+            assert_eq!(x.len(), self.cols, "matvec input length");
+            assert_eq!(y.len(), self.rows, "matvec output length");
+            return self.ggml_matvec(k, ty, x, y);
+        }
         if self.int8_acts {
             return self.matvec_q8_with(k, x, y);
         }
@@ -235,6 +340,9 @@ impl QMatrix {
     pub fn matvec_q8_with(&self, k: &Kernels, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
+        if let Some(ty) = self.format.ggml() {
+            return self.ggml_matvec(k, ty, x, y);
+        }
         let a = QActs::quantize_for(self.format, x);
         y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, ys)| {
             let m = ys.len();
@@ -283,6 +391,9 @@ impl QMatrix {
         assert_eq!(y.len(), n * self.rows, "matmul output length");
         if n == 1 {
             return self.matvec_with(k, x, y);
+        }
+        if let Some(ty) = self.format.ggml() {
+            return self.ggml_matmul(k, ty, x, n, y);
         }
         let cols = self.cols;
         if self.int8_acts {

@@ -47,6 +47,14 @@ pub enum QuantError {
     },
     #[error("unsupported bit width {0} (use >=16 for f32, 5..8 int8, 3..4 int4, 2 int2)")]
     Bits(u32),
+    #[error("cannot quantize into ggml's {0} blocks: they are read from GGUF files as stored, never written")]
+    GgmlTarget(crate::gguf::GgmlType),
+    #[error("{ty} rows of {cols} columns: {reason}")]
+    Ggml {
+        ty: crate::gguf::GgmlType,
+        cols: usize,
+        reason: String,
+    },
     #[error("scale {index} is not a finite positive number ({value})")]
     BadScale { index: usize, value: f32 },
 }

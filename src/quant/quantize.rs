@@ -30,6 +30,10 @@ pub fn quantize_matrix(
     if format == QFormat::F32 {
         return Err(QuantError::Bits(32));
     }
+    if let QFormat::Ggml(ty) = format {
+        // colibri reads ggml blocks; it never writes them.
+        return Err(QuantError::GgmlTarget(ty));
+    }
     let qmax = format.qmax();
     let group = format.group_len(cols);
     let row_bytes = format.row_bytes(cols);
@@ -78,6 +82,7 @@ fn pack_row(format: QFormat, q: &[i32], out: &mut [u8]) {
                 *o = b;
             }
         }
-        QFormat::F32 => {}
+        // Refused by `quantize_matrix` before any row is packed.
+        QFormat::F32 | QFormat::Ggml(_) => {}
     }
 }

@@ -13,13 +13,19 @@ use safetensors::Dtype;
 use super::decode::{decode_f32, matrix_from_bytes, name_tensor};
 use super::header::parse_header;
 use super::{PAD_PREFIX, SCALE_SUFFIX, StError};
+use crate::gguf::GgmlType;
 use crate::progress::Progress;
 use crate::quant::{ByteStore, QFormat, QMatrix};
 
 /// Where one tensor lives and what it holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorMeta {
+    /// For ggml blocks ([`TensorMeta::block`]) `U8`, the bytes as stored.
     pub dtype: Dtype,
+    /// ggml's block type when the tensor comes from a GGUF file and is
+    /// quantized there (its scales inside the blocks, no `.qs` tensor);
+    /// `None` for safetensors tensors and float GGUF tensors.
+    pub block: Option<GgmlType>,
     pub shape: Vec<usize>,
     /// Index into [`Checkpoint::files`].
     pub file: FileId,
@@ -210,6 +216,7 @@ impl Checkpoint {
                 }
                 let meta = TensorMeta {
                     dtype: t.dtype,
+                    block: None,
                     shape: t.shape,
                     file: file_id,
                     offset: header.data_start + t.start,
@@ -225,6 +232,40 @@ impl Checkpoint {
                 tensors.insert(t.name, meta);
             }
             maps.push(Arc::new(map));
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            files,
+            maps,
+            tensors,
+            metadata,
+            progress: None,
+            copied: AtomicU64::new(0),
+        })
+    }
+
+    /// A checkpoint over `files` whose tensors were indexed by someone else:
+    /// a GGUF model's, under the names its family's loader reads
+    /// ([`crate::gguf::checkpoint`]). Every range is checked against its
+    /// file here, so later reads cannot fall outside a mapping.
+    pub fn from_index(
+        dir: &Path,
+        files: Vec<PathBuf>,
+        tensors: BTreeMap<String, TensorMeta>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Self, StError> {
+        let maps = files
+            .iter()
+            .map(|p| map_file(p).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (name, meta) in &tensors {
+            let inside = maps
+                .get(meta.file as usize)
+                .is_some_and(|m| meta.offset.checked_add(meta.len).is_some_and(|end| end <= m.len() as u64));
+            if !inside {
+                let path = files.get(meta.file as usize).map_or(dir, PathBuf::as_path);
+                return Err(StError::tensor(path, name, "data lies outside the file"));
+            }
         }
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -348,8 +389,11 @@ impl Checkpoint {
                 found: meta.shape.clone(),
             });
         }
-        let out = decode_f32(meta.dtype, self.meta_bytes(name, meta)?)
-            .map_err(|e| name_tensor(e, name).in_file(path))?;
+        let raw = self.meta_bytes(name, meta)?;
+        let out = match meta.block {
+            Some(ty) => dequantize_blocks(ty, raw).map_err(|e| StError::tensor(path, name, e))?,
+            None => decode_f32(meta.dtype, raw).map_err(|e| name_tensor(e, name).in_file(path))?,
+        };
         self.release(meta);
         self.note_copied(meta);
         Ok(out)
@@ -388,6 +432,7 @@ impl Checkpoint {
     pub fn matrix_parts(&self, name: &str) -> Result<MatrixParts, StError> {
         let weight = self.info(name)?.clone();
         let scales = match weight.dtype {
+            _ if weight.block.is_some() => None,
             Dtype::U8 | Dtype::I8 => {
                 let qs = format!("{name}{SCALE_SUFFIX}");
                 let Some(s) = self.tensors.get(&qs) else {
@@ -440,6 +485,16 @@ impl Checkpoint {
             });
         }
         let bytes = ByteStore::from_vec(self.meta_bytes(name, w)?.to_vec());
+        if let Some(ty) = w.block {
+            let m = QMatrix::from_ggml(rows, cols, ty, bytes).map_err(|source| StError::Quant {
+                path: path.to_path_buf(),
+                tensor: name.to_string(),
+                source,
+            })?;
+            self.release(w);
+            self.note_copied(w);
+            return Ok(m);
+        }
         let scales = match &parts.scales {
             Some(s) => {
                 let qs = format!("{name}{SCALE_SUFFIX}");
@@ -461,6 +516,18 @@ impl Checkpoint {
         }
         Ok(m)
     }
+}
+
+/// A tensor of ggml `ty` blocks decoded to f32, row by row of whole blocks
+/// (the block count is all that matters for a vector).
+fn dequantize_blocks(ty: GgmlType, raw: &[u8]) -> Result<Vec<f32>, String> {
+    let (block, size) = (ty.block_size() as usize, ty.type_size() as usize);
+    if size == 0 || !raw.len().is_multiple_of(size) {
+        return Err(format!("{} bytes are not whole {ty} blocks", raw.len()));
+    }
+    let mut out = vec![0f32; raw.len() / size * block];
+    crate::kernels::ggml::dequantize_row(ty, raw, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
 }
 
 /// Memory-maps a whole file read-only.

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use colibri_actors::ExpertMap;
 
-use crate::config::{ConfigError, read_json};
+use crate::config::read_json;
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
 use crate::model::family::ModelConfig;
@@ -33,8 +33,16 @@ pub struct ModelShape {
 impl ModelShape {
     /// Reads `dir`'s config.json, dispatching on `model_type` as
     /// `coli convert` does.
-    pub fn load(dir: &Path) -> Result<Self, ConfigError> {
-        let (path, json) = read_json(dir)?;
+    /// A GGUF's config is the one its metadata describes.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let (path, json) = match crate::engine::ModelFiles::resolve(dir) {
+            Ok(crate::engine::ModelFiles::Gguf(p)) => {
+                let model = crate::gguf::GgufModel::open(&p)?;
+                let json = crate::gguf::config::config_json(&model)?;
+                (p, json)
+            }
+            _ => read_json(dir)?,
+        };
         let model_type = json
             .get("model_type")
             .and_then(|v| v.as_str())

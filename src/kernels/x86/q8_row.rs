@@ -42,7 +42,7 @@ pub(super) fn q8_row<'a>(row: &RowRef<'a>, a: &'a QActs) -> Option<Q8Row<'a>> {
         QFormat::Int8 => 1,
         QFormat::Int2 => 4,
         QFormat::Int4 | QFormat::Int4Grouped { .. } => 2,
-        QFormat::F32 => return None,
+        QFormat::F32 | QFormat::Ggml(_) => return None,
     };
     let lanes = a.lanes(pack)?;
     let scaling = match format {

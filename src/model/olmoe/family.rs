@@ -55,6 +55,13 @@ impl Family for OlmoeFamily {
     ) -> Result<serde_json::Value, crate::gguf::GgufError> {
         super::gguf::config_json(model)
     }
+
+    fn gguf_checkpoint(
+        &self,
+        model: &crate::gguf::GgufModel,
+    ) -> Result<crate::st::Checkpoint, crate::gguf::GgufError> {
+        crate::gguf::checkpoint::checkpoint(model, crate::model::expert::ExpertNaming::MLP)
+    }
 }
 
 impl FamilyConfig for OlmoeConfig {

@@ -30,7 +30,7 @@ use super::prompt_cache::PromptCache;
 use super::request::{Event, GenRequest, MAX_SLOTS, RequestError, RequestId};
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::engine::speculative::{DraftMode, SpecOptions, resolve};
-use crate::engine::{Engine, Session, SlotStore, template_family};
+use crate::engine::{Engine, ModelFiles, Session, SlotStore};
 use crate::grammar::{Constrained, ConstraintError, Grammars};
 use crate::model::expert::ExpertWeights;
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -142,18 +142,9 @@ impl DecodeLoop {
         // Without a tokenizer the loop streams token ids only (benchmarks
         // on synthetic models); text front ends refuse such a model.
         let tokenizer = engine.tokenizer.take().map(Arc::new);
-        let cfg_path = engine.dir.join("tokenizer_config.json");
-        let family = template_family(&engine.dir);
-        let template = if cfg_path.is_file() {
-            ChatTemplate::from_tokenizer_config(&cfg_path, family)?
-        } else {
-            let _ = writeln!(
-                diag,
-                "coli: {} not found; using the built-in {family} chat template",
-                cfg_path.display()
-            );
-            ChatTemplate::builtin(family)
-        };
+        let template = engine.files.chat_template(&mut |note| {
+            let _ = writeln!(diag, "coli: {note}");
+        })?;
         let mut sessions: Vec<Session> = (0..cfg.slots).map(|_| engine.new_session()).collect();
         let store = cfg.state_dir.as_ref().and_then(|dir| {
             SlotStore::open(
@@ -186,7 +177,10 @@ impl DecodeLoop {
             saving: store.is_some(),
             prompt_cache_bytes: cache.budget_bytes(),
             stop_ids: engine.stop_ids.clone(),
-            grammars: Arc::new(Grammars::for_model(&engine.dir, vocab, &engine.stop_ids)),
+            grammars: Arc::new(match (&engine.files, &tokenizer) {
+                (ModelFiles::Gguf(path), Some(tok)) => Grammars::for_tokenizer(path, tok, vocab, &engine.stop_ids),
+                _ => Grammars::for_model(&engine.dir, vocab, &engine.stop_ids),
+            }),
             draft: draft.as_ref().map(|(m, o)| (*m, o.max_draft)),
         });
         let Engine { model, stop_ids, .. } = engine;
