@@ -19,6 +19,11 @@
  *   tf_margin     top1 - top2 logit at every position of that pass
  *   logits_first  all logits at position 0 of that pass
  *   logits_last   all logits at the last position of that pass
+ *   tf_seq_argmax, tf_seq_margin, logits_last_seq
+ *                 the same teacher forcing with one token per llama_decode
+ *                 (fresh KV cache): the path llama.cpp decodes with. Its
+ *                 values differ from the one-batch pass wherever ggml's
+ *                 batched matmuls sum in another order than its vec_dot
  *   tf_router_gap at every position of the teacher-forced pass, the
  *                 smallest gap over the layers between the k-th and the
  *                 (k+1)-th router logit (ffn_moe_logits-L, read through the
@@ -251,6 +256,20 @@ int main(int argc, char **argv) {
     float *tf_router = malloc(sizeof(float) * n_seq);
     for (int i = 0; i < n_seq; i++) tf_router[i] = router.gap[i];
 
+    /* (c) teacher forcing one token per decode call, fresh cache */
+    llama_memory_clear(llama_get_memory(ctx), true);
+    router_reset();
+    int *seq_arg = malloc(sizeof(int) * n_seq);
+    float *seq_margin = malloc(sizeof(float) * n_seq);
+    float *seq_last = malloc(sizeof(float) * n_vocab);
+    for (int i = 0; i < n_seq; i++) {
+        fill_batch(&batch, &seq[i], 1, i, 1);
+        if (llama_decode(ctx, batch)) { fprintf(stderr, "decode (position %d) failed\n", i); return 1; }
+        const float *lg = llama_get_logits_ith(ctx, 0);
+        seq_arg[i] = argmax(lg, n_vocab, &seq_margin[i]);
+        if (i == n_seq - 1) memcpy(seq_last, lg, sizeof(float) * n_vocab);
+    }
+
     char desc[256];
     llama_model_desc(model, desc, sizeof desc);
     printf("{\"model_desc\":\"%s\",\"n_vocab\":%d,", desc, n_vocab);
@@ -268,6 +287,12 @@ int main(int argc, char **argv) {
     print_floats("logits_first", first, n_vocab);
     printf(",");
     print_floats("logits_last", last, n_vocab);
+    printf(",");
+    print_ints("tf_seq_argmax", seq_arg, n_seq);
+    printf(",");
+    print_floats("tf_seq_margin", seq_margin, n_seq);
+    printf(",");
+    print_floats("logits_last_seq", seq_last, n_vocab);
     printf(",\"n_expert_used\":%d", router.k);
     if (router_on) {
         printf(",");
@@ -276,6 +301,7 @@ int main(int argc, char **argv) {
     }
     printf("}\n");
 
+    free(seq_arg); free(seq_margin); free(seq_last);
     free(tf_router); free(greedy); free(greedy_margin); free(tf_arg); free(tf_margin); free(first); free(last);
     llama_batch_free(batch);
     llama_free(ctx);

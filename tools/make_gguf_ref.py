@@ -333,6 +333,10 @@ def main():
             min_router_gap_greedy=out["min_router_gap_greedy"],
             logits_first=out["logits_first"],
             logits_last=out["logits_last"],
+            tf_seq_argmax=out["tf_seq_argmax"],
+            tf_seq_margin=out["tf_seq_margin"],
+            min_tf_seq_margin=min(out["tf_seq_margin"]),
+            logits_last_seq=out["logits_last_seq"],
         )
         if name in commands:
             files[name]["made_by"] = commands[name]

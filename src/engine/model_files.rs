@@ -30,9 +30,7 @@ pub enum ModelFiles {
 /// Why `--model` names no model colibri can open.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelFilesError {
-    #[error(
-        "{dir} holds several GGUF models ({found}) and no config.json: pass one of the files as --model"
-    )]
+    #[error("{dir} holds several GGUF models ({found}) and no config.json: pass one of the files as --model")]
     SeveralGguf { dir: PathBuf, found: String },
     #[error("{path}: {source}")]
     Io {
@@ -131,7 +129,8 @@ impl ModelFiles {
         match self.gguf() {
             None => {
                 let path = self.path().join("config.json");
-                std::fs::read(&path).map_err(|e| ModelError::Weights(format!("reading {}: {e}", path.display())))
+                std::fs::read(&path)
+                    .map_err(|e| ModelError::Weights(format!("reading {}: {e}", path.display())))
             }
             Some(model) => {
                 let model = model.map_err(gguf_err)?;
@@ -232,8 +231,7 @@ impl ModelFiles {
             eos = name(tok.special.eos).unwrap_or(eos);
         }
         let origin = format!("{} (tokenizer.chat_template)", self.path().display());
-        ChatTemplate::new(source, &bos, &eos, &origin)
-            .map(|t| Some(t.or_dialect(fallback.dialect)))
+        ChatTemplate::new(source, &bos, &eos, &origin).map(|t| Some(t.or_dialect(fallback.dialect)))
     }
 
     /// The template chat front ends use: the shipped one, else the

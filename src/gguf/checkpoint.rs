@@ -29,7 +29,10 @@ pub fn checkpoint(model: &GgufModel, experts: ExpertNaming) -> Result<Checkpoint
     let mut tensors = BTreeMap::new();
     let mut insert = |name: String, meta: TensorMeta, from: &str| -> Result<(), GgufError> {
         if tensors.insert(name.clone(), meta).is_some() {
-            return Err(GgufError::tensor(from, format!("a second tensor is read as {name:?}")));
+            return Err(GgufError::tensor(
+                from,
+                format!("a second tensor is read as {name:?}"),
+            ));
         }
         Ok(())
     };
@@ -37,7 +40,11 @@ pub fn checkpoint(model: &GgufModel, experts: ExpertNaming) -> Result<Checkpoint
         let info = loc.info;
         let file = FileId::try_from(loc.shard)
             .map_err(|_| in_file(GgufError::tensor(&info.name, "too many shards")))?;
-        match rename(&info.name, experts) {
+        let renamed = rename(&info.name, experts);
+        if renamed != Renamed::Unknown {
+            computable(info).map_err(in_file)?;
+        }
+        match renamed {
             Renamed::Tensor(hf) => {
                 let shape = shape_of(info, &info.shape())?;
                 let meta = meta(info, shape, file, info.data.start, info.n_bytes());
@@ -55,7 +62,8 @@ pub fn checkpoint(model: &GgufModel, experts: ExpertNaming) -> Result<Checkpoint
                 for e in 0..n {
                     let (offset, len) = expert_slice(info, e).map_err(in_file)?;
                     let name = experts.tensor(layer, e as usize, which);
-                    insert(name, meta(info, shape.clone(), file, offset, len), &info.name).map_err(in_file)?;
+                    insert(name, meta(info, shape.clone(), file, offset, len), &info.name)
+                        .map_err(in_file)?;
                 }
             }
         }
@@ -64,15 +72,40 @@ pub fn checkpoint(model: &GgufModel, experts: ExpertNaming) -> Result<Checkpoint
     if let Ok(arch) = model.architecture() {
         metadata.insert(ARCHITECTURE_KEY.to_string(), arch.to_string());
     }
-    let dir = first.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let dir = first
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
     Checkpoint::from_index(&dir, files, tensors, metadata)
         .map_err(|e| GgufError::tensor("(index)", e.to_string()).in_file(&first))
+}
+
+/// Refuses, at load, a tensor the loaders read whose type colibri cannot
+/// compute with (rather than when the first token reaches that expert).
+fn computable(info: &TensorInfo) -> Result<(), GgufError> {
+    let (_, block) = storage(info.ggml_type);
+    match block {
+        Some(ty) if crate::kernels::ggml::vec_dot_type(ty).is_err() => Err(GgufError::tensor(
+            &info.name,
+            format!(
+                "type {ty} has no kernel in colibri (quantized types it runs: {})",
+                crate::kernels::ggml::SUPPORTED
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A tensor's shape as `usize`s (outermost first).
 fn shape_of(info: &TensorInfo, dims: &[u64]) -> Result<Vec<usize>, GgufError> {
     dims.iter()
-        .map(|&d| usize::try_from(d).map_err(|_| GgufError::tensor(&info.name, format!("dimension {d} is too large"))))
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| GgufError::tensor(&info.name, format!("dimension {d} is too large")))
+        })
         .collect()
 }
 

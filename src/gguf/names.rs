@@ -87,7 +87,10 @@ mod tests {
             n("blk.12.ffn_gate_inp.weight"),
             Renamed::Tensor("model.layers.12.mlp.gate.weight".into())
         );
-        assert_eq!(n("blk.0.ffn_down_exps.weight"), Renamed::Experts { layer: 0, which: 2 });
+        assert_eq!(
+            n("blk.0.ffn_down_exps.weight"),
+            Renamed::Experts { layer: 0, which: 2 }
+        );
         assert_eq!(n("output.weight"), Renamed::Tensor("lm_head.weight".into()));
         assert_eq!(n("rope_freqs.weight"), Renamed::Unknown);
         assert_eq!(n("blk.x.attn_q.weight"), Renamed::Unknown);

@@ -76,7 +76,12 @@ impl Grammars {
 
     /// For a model whose tokenizer was built in memory (a GGUF's, rebuilt
     /// from its metadata); `origin` names the model file in errors.
-    pub fn for_tokenizer(origin: &Path, tokenizer: &crate::tokenizer::Tokenizer, vocab: usize, stops: &[u32]) -> Self {
+    pub fn for_tokenizer(
+        origin: &Path,
+        tokenizer: &crate::tokenizer::Tokenizer,
+        vocab: usize,
+        stops: &[u32],
+    ) -> Self {
         let source = match serde_json::to_value(tokenizer.hf()) {
             Ok(json) => Source::TokenizerValue(origin.to_path_buf(), json),
             // Unreachable for a tokenizer that loaded; reported at compile time.

@@ -571,4 +571,69 @@ mod tests {
             .with_int8_acts(true);
         assert!(!f.int8_acts());
     }
+
+    /// ggml Q8_0 / Q4_0 rows: every matvec row is the ggml reference dot
+    /// of that row (to its rounding), matmul gives each token exactly its
+    /// matvec, rows decode as ggml decodes them, and a matrix whose byte
+    /// count is not whole rows is refused.
+    #[test]
+    fn ggml_blocks_multiply_as_the_reference_does() {
+        use crate::kernels::ggml::{GgmlActs, dequantize_row, vec_dot, vec_dot_magnitude};
+        let (rows, cols, n) = (21, 96, 3);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            let rb = crate::kernels::ggml::row_bytes(ty, cols).unwrap();
+            let mut bytes = vec![0u8; rows * rb];
+            let bs = ty.type_size() as usize;
+            for (i, b) in bytes.chunks_mut(bs).enumerate() {
+                // A finite f16 scale, then pseudo-random codes.
+                let d = half::f16::from_f32(0.01 + (i % 7) as f32 * 0.003);
+                b[..2].copy_from_slice(&d.to_le_bytes());
+                for (j, v) in b[2..].iter_mut().enumerate() {
+                    *v = ((i * 31 + j * 17) % 251) as u8;
+                }
+            }
+            let m = QMatrix::from_ggml(rows, cols, ty, ByteStore::from_vec(bytes.clone())).unwrap();
+            assert_eq!(m.format(), QFormat::Ggml(ty));
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 23.0)
+                .collect();
+            for k in Kernels::available() {
+                let mut y = vec![0f32; rows];
+                m.matvec_with(&k, &x[..cols], &mut y);
+                let acts = GgmlActs::for_weights(ty, &x[..cols]).unwrap();
+                for (r, &v) in y.iter().enumerate() {
+                    let row = &bytes[r * rb..(r + 1) * rb];
+                    let want = vec_dot(ty, row, &acts).unwrap();
+                    let mag = vec_dot_magnitude(ty, row, &acts).unwrap();
+                    assert!(
+                        (v - want).abs() <= 1e-5 * mag,
+                        "{} {ty} row {r}: {v} vs {want}",
+                        k.name
+                    );
+                }
+                let mut ys = vec![0f32; n * rows];
+                m.matmul_with(&k, &x, n, &mut ys);
+                for t in 0..n {
+                    let mut one = vec![0f32; rows];
+                    m.matvec_with(&k, &x[t * cols..(t + 1) * cols], &mut one);
+                    assert_eq!(
+                        &ys[t * rows..(t + 1) * rows],
+                        &one[..],
+                        "{} {ty} token {t}",
+                        k.name
+                    );
+                }
+            }
+            let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
+            m.dequantize_row(5, &mut got);
+            dequantize_row(ty, &bytes[5 * rb..6 * rb], &mut want).unwrap();
+            assert_eq!(got, want);
+            assert!(QMatrix::from_ggml(rows, cols, ty, ByteStore::from_vec(vec![0; rows * rb - 1])).is_err());
+            assert!(QMatrix::from_ggml(rows, cols + 1, ty, ByteStore::from_vec(bytes)).is_err());
+            // ggml blocks keep their own activation types.
+            assert!(!m.with_int8_acts(true).int8_acts());
+        }
+        assert!(QMatrix::from_ggml(1, 32, GgmlType::Q8_1, ByteStore::from_vec(vec![0; 36])).is_err());
+        assert!(QMatrix::quantize(1, 32, vec![0.0; 32], QFormat::Ggml(GgmlType::Q8_0)).is_err());
+    }
 }

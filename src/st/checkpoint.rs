@@ -259,9 +259,11 @@ impl Checkpoint {
             .map(|p| map_file(p).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         for (name, meta) in &tensors {
-            let inside = maps
-                .get(meta.file as usize)
-                .is_some_and(|m| meta.offset.checked_add(meta.len).is_some_and(|end| end <= m.len() as u64));
+            let inside = maps.get(meta.file as usize).is_some_and(|m| {
+                meta.offset
+                    .checked_add(meta.len)
+                    .is_some_and(|end| end <= m.len() as u64)
+            });
             if !inside {
                 let path = files.get(meta.file as usize).map_or(dir, PathBuf::as_path);
                 return Err(StError::tensor(path, name, "data lies outside the file"));

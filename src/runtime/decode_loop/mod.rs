@@ -178,7 +178,9 @@ impl DecodeLoop {
             prompt_cache_bytes: cache.budget_bytes(),
             stop_ids: engine.stop_ids.clone(),
             grammars: Arc::new(match (&engine.files, &tokenizer) {
-                (ModelFiles::Gguf(path), Some(tok)) => Grammars::for_tokenizer(path, tok, vocab, &engine.stop_ids),
+                (ModelFiles::Gguf(path), Some(tok)) => {
+                    Grammars::for_tokenizer(path, tok, vocab, &engine.stop_ids)
+                }
                 _ => Grammars::for_model(&engine.dir, vocab, &engine.stop_ids),
             }),
             draft: draft.as_ref().map(|(m, o)| (*m, o.max_draft)),
