@@ -243,10 +243,11 @@ impl Kernels {
     fn ggml_dot_checked(&self, ty: GgmlType, row: &[u8], acts: &GgmlActs) -> f32 {
         #[cfg(target_arch = "x86_64")]
         {
-            if self.isa == Isa::Avx512 {
+            if self.isa == Isa::Avx512 && self.f16c {
                 // SAFETY: `Isa::Avx512` is only built after detecting
-                // AVX-512F/BW and AVX2+FMA, `vnni` only set after detecting
-                // AVX512-VNNI; `check_acts` validated the row and the
+                // AVX-512F/BW and AVX2+FMA, `f16c` after detecting F16C,
+                // `vnni` only set after detecting AVX512-VNNI; `check_acts`
+                // validated the row and the
                 // activations for `ty`.
                 if let Some(v) = unsafe { super::x86::ggml_avx512::dot(ty, row, acts, self.vnni) } {
                     return v;
