@@ -17,7 +17,7 @@ use core::arch::x86_64::*;
 use super::ggml_avx2::{decode32, q6_codes, q6_offset, q45_codes, scale32};
 use crate::gguf::GgmlType;
 use crate::kernels::ggml::GgmlActs;
-use crate::kernels::ggml::blocks::{f16_at, scales_mins_k4};
+use crate::kernels::ggml::blocks::scales_mins_k4;
 
 /// Sixteen i32 lanes `Σ u a` of four columns each, `u` unsigned bytes.
 #[inline]
@@ -205,15 +205,165 @@ macro_rules! q4_0_weights {
         |p: *const u8| unsafe {
             let v = _mm_loadu_si128(p.add(2).cast());
             let both = _mm256_set_m128i(_mm_srli_epi16::<4>(v), v);
-            _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8))
+            _mm256_sub_epi8(
+                _mm256_and_si256(both, _mm256_set1_epi8(0x0F)),
+                _mm256_set1_epi8(8),
+            )
         }
     };
 }
 
-q0_kernel!(q8_0_vnni, "avx512f,avx512bw,avx2,fma,f16c,avx512vnni", 34, true, q8_0_weights!());
-q0_kernel!(q8_0_plain, "avx512f,avx512bw,avx2,fma,f16c", 34, false, q8_0_weights!());
-q0_kernel!(q4_0_vnni, "avx512f,avx512bw,avx2,fma,f16c,avx512vnni", 18, true, q4_0_weights!());
-q0_kernel!(q4_0_plain, "avx512f,avx512bw,avx2,fma,f16c", 18, false, q4_0_weights!());
+/// The Q4_K row kernel written out like [`q0_kernel`]'s, with the generic
+/// K-quant loop's arithmetic exactly (so its results are bit-identical to
+/// it): per super-block the eight sub-block scales applied to the i32 lanes
+/// in integers, `d · d_a` once per super-block, and the mins' term
+/// `(dmin · d_a) · Σ bsum · min` subtracted at the end.
+macro_rules! q4_k_kernel {
+    ($name:ident, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(row: &[u8], acts: &GgmlActs) -> f32 {
+            const B: usize = 144;
+            let nb = row.len() / B;
+            debug_assert!(acts.q.len() >= 256 * nb && acts.d.len() >= nb && acts.bsums.len() >= 16 * nb);
+            let zero = _mm512_setzero_si512();
+            let m4 = _mm256_set1_epi8(0x0F);
+            let mut acc = _mm512_setzero_ps();
+            let mut mins = 0.0f32;
+            for i in 0..nb {
+                let b = &row[i * B..(i + 1) * B];
+                let (sc, m) = k4_scales_mins(&b[4..16]);
+                // Σ bsum_j · min_{j/2} in i32: each min against its two
+                // 16-column sums.
+                // SAFETY: 16 i16 sums of super-block `i`.
+                let bs = unsafe { _mm256_loadu_si256(acts.bsums.as_ptr().add(16 * i).cast()) };
+                let mm = _mm_cvtsi64_si128(i64::from_le_bytes(m));
+                let mm = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mm, mm));
+                let prod = _mm256_madd_epi16(bs, mm);
+                let summs = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(prod));
+                mins += (f16c_at(b, 2) * acts.d[i]) * summs as f32;
+                let mut isum = zero;
+                for j in 0..4 {
+                    // SAFETY: `16 + 32 j + 32 <= 144` bytes of the block and
+                    // `256 i + 64 j + 64 <= 256 nb` activations.
+                    let (v, a) = unsafe {
+                        (
+                            _mm256_loadu_si256(b.as_ptr().add(16 + 32 * j).cast()),
+                            _mm512_loadu_si512(acts.q.as_ptr().add(256 * i + 64 * j).cast()),
+                        )
+                    };
+                    let w = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+                    );
+                    // Codes (0..15) × activations in i16 pairs (at most
+                    // 2 · 15 · 128, no saturation), then × the sub-block
+                    // scale into i32: the integer value VNNI's dot times the
+                    // scale would give, in two instructions instead of a
+                    // dot and a 32-bit multiply.
+                    let s = _mm512_mask_blend_epi16(
+                        0xFFFF_0000,
+                        _mm512_set1_epi16(i16::from(sc[2 * j])),
+                        _mm512_set1_epi16(i16::from(sc[2 * j + 1])),
+                    );
+                    isum = _mm512_add_epi32(isum, _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), s));
+                }
+                acc = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(isum),
+                    _mm512_set1_ps(f16c_at(b, 0) * acts.d[i]),
+                    acc,
+                );
+            }
+            _mm512_reduce_add_ps(acc) - mins
+        }
+    };
+}
+
+q4_k_kernel!(q4_k, "avx512f,avx512bw,avx2,fma,f16c");
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K super-block from its 12
+/// packed bytes, four at a time in 32-bit words (ggml's unpacking): the
+/// values of [`crate::kernels::ggml::blocks::scales_mins_k4`], which a unit
+/// test checks on every byte pattern class.
+#[inline(always)]
+fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
+    const K1: u32 = 0x3f3f_3f3f;
+    const K2: u32 = 0x0f0f_0f0f;
+    const K3: u32 = 0x0303_0303;
+    let w = |k: usize| u32::from_le_bytes([q[4 * k], q[4 * k + 1], q[4 * k + 2], q[4 * k + 3]]);
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    let sc_lo = u0 & K1;
+    let sc_hi = (u2 & K2) | (((u0 >> 6) & K3) << 4);
+    let m_lo = u1 & K1;
+    let m_hi = ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4);
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    sc[..4].copy_from_slice(&sc_lo.to_le_bytes());
+    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
+    m[..4].copy_from_slice(&m_lo.to_le_bytes());
+    m[4..].copy_from_slice(&m_hi.to_le_bytes());
+    (sc, m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::k4_scales_mins;
+    use crate::kernels::ggml::blocks::scales_mins_k4;
+
+    #[test]
+    fn packed_scales_unpack_as_the_reference_does() {
+        let mut state = 0x9e37_79b9u32;
+        for _ in 0..20_000 {
+            let q: Vec<u8> = (0..12)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    state as u8
+                })
+                .collect();
+            assert_eq!(k4_scales_mins(&q), scales_mins_k4(&q), "{q:?}");
+        }
+        for fill in [0u8, 0xff, 0x3f, 0xc0] {
+            assert_eq!(k4_scales_mins(&[fill; 12]), scales_mins_k4(&[fill; 12]));
+        }
+    }
+}
+
+q0_kernel!(
+    q8_0_vnni,
+    "avx512f,avx512bw,avx2,fma,f16c,avx512vnni",
+    34,
+    true,
+    q8_0_weights!()
+);
+q0_kernel!(
+    q8_0_plain,
+    "avx512f,avx512bw,avx2,fma,f16c",
+    34,
+    false,
+    q8_0_weights!()
+);
+q0_kernel!(
+    q4_0_vnni,
+    "avx512f,avx512bw,avx2,fma,f16c,avx512vnni",
+    18,
+    true,
+    q4_0_weights!()
+);
+q0_kernel!(
+    q4_0_plain,
+    "avx512f,avx512bw,avx2,fma,f16c",
+    18,
+    false,
+    q4_0_weights!()
+);
+
+/// The f16 at byte `at` of `b` widened by `vcvtph2ps` (exact).
+#[inline]
+#[target_feature(enable = "f16c")]
+fn f16c_at(b: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
 
 /// `row · acts`, or `None` when `ty` has no AVX-512 kernel.
 ///
@@ -230,6 +380,7 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs, vnni: bool) 
             (GgmlType::Q8_0, false) => return Some(q8_0_plain(row, acts)),
             (GgmlType::Q4_0, true) => return Some(q4_0_vnni(row, acts)),
             (GgmlType::Q4_0, false) => return Some(q4_0_plain(row, acts)),
+            (GgmlType::Q4_K, _) => return Some(q4_k(row, acts)),
             _ => {}
         }
         if vnni {
@@ -328,7 +479,7 @@ unsafe fn dot_impl<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &GgmlActs) 
                 } else {
                     let (sc, m) = scales_mins_k4(&b[4..16]);
                     let summs: i32 = (0..16).map(|j| i32::from(bsums[j]) * i32::from(m[j / 2])).sum();
-                    mins += (f16_at(b, 2) * acts.d[i]) * summs as f32;
+                    mins += (f16c_at(b, 2) * acts.d[i]) * summs as f32;
                     for j in 0..4 {
                         // SAFETY: as above; `64 j + 64 <= 256`.
                         let (w, av) = unsafe {
@@ -339,7 +490,11 @@ unsafe fn dot_impl<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &GgmlActs) 
                         isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_u::<VNNI>(w, av), s));
                     }
                 }
-                let d = if ty == Q6_K { f16_at(b, 208) } else { f16_at(b, 0) };
+                let d = if ty == Q6_K {
+                    f16c_at(b, 208)
+                } else {
+                    f16c_at(b, 0)
+                };
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * acts.d[i]), acc);
             }
             Some(_mm512_reduce_add_ps(acc) - mins)
