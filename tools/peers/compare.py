@@ -22,6 +22,12 @@
 #              int4/int4) from the same checkpoint
 #   bench      both engines, 1 and 2 threads, rounds interleaved: a 16-token
 #              prompt + 32 greedy tokens, and forced replay of real text
+#   gguf       both engines on the same GGUF files (olmoe-q8_0.gguf and
+#              olmoe-q4_k_m.gguf, the latter made from the former by
+#              llama-quantize --allow-requantize), decode speed in RAM, coli
+#              straight from the file (`coli bench --model FILE.gguf`),
+#              llama.cpp through its llama-bench (tg32), 1 and 2 threads,
+#              rounds interleaved; needs the setup-server build dir
 #   setup-avx2 a second libllama from the same sdist, built for AVX2 only
 #              (-DGGML_NATIVE=OFF, AVX512 and AVX-VNNI off), for `--isa avx2`:
 #              both engines then run AVX2 code on an AVX-512 machine (coli
@@ -942,6 +948,62 @@ def turns(a):
             print(f"| {name} | {threads} | {ratio:.2f} | {mss} |")
 
 
+def llama_tool(work, name):
+    """A binary of the setup-server build (llama-bench, llama-quantize),
+    built on first use."""
+    exe = work / "llama-server-build" / "bin" / name
+    if not exe.exists():
+        run([work / "venv" / "bin" / "cmake", "--build", work / "llama-server-build", "--target", name,
+             "-j", str(os.cpu_count() or 1)])
+    return exe
+
+
+def gguf(a):
+    """Decode in RAM on the same GGUF files: coli reading the file as it is
+    against llama.cpp's llama-bench (tg32: 32 tokens decoded one at a time)."""
+    q8 = a.work / "olmoe-q8_0.gguf"
+    q4km = a.work / "olmoe-q4_k_m.gguf"
+    if q8.exists() and not q4km.exists():
+        run([llama_tool(a.work, "llama-quantize"), "--allow-requantize", q8, q4km, "Q4_K_M"])
+    prompt, _ = prompt_and_replay()
+    bench_exe = llama_tool(a.work, "llama-bench")
+    rows = []
+    for path in [q8, q4km]:
+        if not path.exists():
+            log(f"skip {path}: missing")
+            continue
+        warm_page_cache(path)
+        for threads in a.threads:
+            cs, ls = [], []
+            for rnd in range(a.rounds):
+                order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
+                for who in order:
+                    if who == "coli":
+                        cs.append(bench_coli(a, path, threads, prompt, None)[0])
+                    else:
+                        r = subprocess.run([bench_exe, "-m", path, "-t", str(threads), "-p", "0", "-n",
+                                            str(NEW_TOKENS), "-r", "1", "-o", "json"],
+                                           capture_output=True, text=True, env=llama_env(a))
+                        if r.returncode != 0:
+                            raise RuntimeError(f"llama-bench failed: {r.stderr[-2000:]}")
+                        ls.append(json.loads(r.stdout)[0]["avg_ts"])
+                log(f"{path.name} t={threads} round {rnd}: coli {cs[-1]:.2f} llama.cpp {ls[-1]:.2f}")
+            rows.append((path.name, threads, cs, ls))
+    lines = [
+        f"gguf comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
+        f"coli flags: {a.coli_args or '(defaults)'}",
+        f"coli: {coli_kernels(a)}",
+        "",
+        "| file | threads | coli tok/s (median, range) | llama.cpp tok/s (median, range) | coli / llama.cpp |",
+        "|---|---|---|---|---|",
+    ]
+    for name, threads, cs, ls in rows:
+        c, l = statistics.median(cs), statistics.median(ls)
+        lines.append(f"| {name} | {threads} | {c:.2f} ({min(cs):.2f}-{max(cs):.2f}) | "
+                     f"{l:.2f} ({min(ls):.2f}-{max(ls):.2f}) | {c / l:.2f} |")
+    print("\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser(description="coli vs llama.cpp; see tools/peers/README.md")
     ap.add_argument("steps", help="all, or a comma-separated list of setup,setup-avx2,make-hf,convert,bench,prefill")
@@ -967,9 +1029,9 @@ def main():
     a.work.mkdir(parents=True, exist_ok=True)
     a.coli = a.coli.resolve()
     steps = {"setup": setup, "setup-avx2": setup_avx2, "make-hf": make_hf, "convert": convert,
-             "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns, "long": long}
+             "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns, "long": long, "gguf": gguf}
     if a.steps == "all":
-        todo = [s for s in steps if s not in ("setup-server", "turns", "long") and (s != "setup-avx2" or a.isa == "avx2")]
+        todo = [s for s in steps if s not in ("setup-server", "turns", "long", "gguf") and (s != "setup-avx2" or a.isa == "avx2")]
     else:
         todo = a.steps.split(",")
     for name in todo:

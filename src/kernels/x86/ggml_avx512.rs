@@ -280,6 +280,87 @@ macro_rules! q4_k_kernel {
 
 q4_k_kernel!(q4_k, "avx512f,avx512bw,avx2,fma,f16c");
 
+/// The Q6_K row kernel, written out as [`q4_k_kernel`]'s is and with the
+/// generic loop's lane values exactly: per 64 columns the unsigned 6-bit
+/// codes × activations in i16 pairs (at most 2 · 63 · 127) times each
+/// 16-column group's signed scale into i32 lanes, `-32 Σ sc · bsum` (the
+/// codes' offset) in lane 0, `d · d_a` once per super-block.
+///
+/// # Safety
+/// The CPU has AVX-512F/BW, AVX2, FMA and F16C; `row` and `acts` passed
+/// `check_acts` for Q6_K.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn q6_k(row: &[u8], acts: &GgmlActs) -> f32 {
+    const B: usize = 210;
+    let nb = row.len() / B;
+    debug_assert!(acts.q.len() >= 256 * nb && acts.d.len() >= nb && acts.bsums.len() >= 16 * nb);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(3);
+    // Lane pair p (i16 lanes 2p, 2p+1) of a 64-column step belongs to
+    // 16-column group p / 8 of the step's four.
+    let spread = _mm512_set_epi16(
+        3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+    );
+    let mut acc = _mm512_setzero_ps();
+    for i in 0..nb {
+        let b = &row[i * B..(i + 1) * B];
+        // SAFETY: 16 i16 sums of super-block `i`; the block's 16 scale
+        // bytes at 192.
+        let (bs, sc16) = unsafe {
+            (
+                _mm256_loadu_si256(acts.bsums.as_ptr().add(16 * i).cast()),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(b.as_ptr().add(192).cast())),
+            )
+        };
+        let offset = 32 * _mm512_reduce_add_epi32(_mm512_zextsi256_si512(_mm256_madd_epi16(bs, sc16)));
+        let mut isum = _mm512_mask_set1_epi32(_mm512_setzero_si512(), 1, -offset);
+        for n in 0..2 {
+            // SAFETY: `64 n + 64 <= 128` low bytes, `128 + 32 n + 32 <=
+            // 192` high bytes, `256 i + 128 n + 128 <= 256 nb` activations.
+            let (l0, l1, h, a0, a1) = unsafe {
+                let p = b.as_ptr();
+                let q = acts.q.as_ptr().add(256 * i + 128 * n);
+                (
+                    _mm256_loadu_si256(p.add(64 * n).cast()),
+                    _mm256_loadu_si256(p.add(64 * n + 32).cast()),
+                    _mm256_loadu_si256(p.add(128 + 32 * n).cast()),
+                    _mm512_loadu_si512(q.cast()),
+                    _mm512_loadu_si512(q.add(64).cast()),
+                )
+            };
+            let hi = |shift: i32| {
+                _mm256_slli_epi16::<4>(_mm256_and_si256(
+                    _mm256_srl_epi16(h, _mm_cvtsi32_si128(shift)),
+                    m2,
+                ))
+            };
+            let c0 = _mm256_or_si256(_mm256_and_si256(l0, m4), hi(0));
+            let c1 = _mm256_or_si256(_mm256_and_si256(l1, m4), hi(2));
+            let c2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), hi(4));
+            let c3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4), hi(6));
+            for (k, (lo, up, a)) in [(c0, c1, a0), (c2, c3, a1)].into_iter().enumerate() {
+                let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), up);
+                // The step's four scales, each over its 8 lane pairs.
+                let k4 = 192 + 8 * n + 4 * k;
+                let sc4 = _mm_cvtepi8_epi16(_mm_cvtsi32_si128(i32::from_le_bytes([
+                    b[k4],
+                    b[k4 + 1],
+                    b[k4 + 2],
+                    b[k4 + 3],
+                ])));
+                let s = _mm512_permutexvar_epi16(spread, _mm512_castsi128_si512(sc4));
+                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), s));
+            }
+        }
+        acc = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(isum),
+            _mm512_set1_ps(f16c_at(b, 208) * acts.d[i]),
+            acc,
+        );
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
 /// The eight 6-bit scales and mins of a Q4_K/Q5_K super-block from its 12
 /// packed bytes, four at a time in 32-bit words (ggml's unpacking): the
 /// values of [`crate::kernels::ggml::blocks::scales_mins_k4`], which a unit
@@ -381,6 +462,7 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs, vnni: bool) 
             (GgmlType::Q4_0, true) => return Some(q4_0_vnni(row, acts)),
             (GgmlType::Q4_0, false) => return Some(q4_0_plain(row, acts)),
             (GgmlType::Q4_K, _) => return Some(q4_k(row, acts)),
+            (GgmlType::Q6_K, _) => return Some(q6_k(row, acts)),
             _ => {}
         }
         if vnni {
