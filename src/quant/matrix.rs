@@ -468,6 +468,18 @@ mod tests {
             .collect()
     }
 
+    /// `m.matmul` of the `n` rows of `x` equals each row's matvec bit for bit.
+    fn assert_matmul_is_matvec(m: &QMatrix, k: &Kernels, x: &[f32], n: usize, what: &str) {
+        let (rows, cols) = (m.rows(), m.cols());
+        let mut ys = vec![0f32; n * rows];
+        m.matmul_with(k, x, n, &mut ys);
+        for t in 0..n {
+            let mut one = vec![0f32; rows];
+            m.matvec_with(k, &x[t * cols..(t + 1) * cols], &mut one);
+            assert_eq!(&ys[t * rows..(t + 1) * rows], &one[..], "{what} token {t}");
+        }
+    }
+
     #[test]
     fn quantized_matvec_matches_dequantized_weights() {
         let (rows, cols) = (37, 129);
@@ -540,18 +552,7 @@ mod tests {
                 m.matvec_with(&k, &x[..cols], &mut got);
                 assert_eq!(got, want, "{} {format}", k.name);
                 // ...and matmul gives every token exactly its matvec.
-                let mut ys = vec![0f32; n * rows];
-                m.matmul_with(&k, &x, n, &mut ys);
-                for t in 0..n {
-                    let mut one = vec![0f32; rows];
-                    m.matvec_with(&k, &x[t * cols..(t + 1) * cols], &mut one);
-                    assert_eq!(
-                        &ys[t * rows..(t + 1) * rows],
-                        &one[..],
-                        "{} {format} token {t}",
-                        k.name
-                    );
-                }
+                assert_matmul_is_matvec(&m, &k, &x, n, &format!("{} {format}", k.name));
                 // Close to the f32-activation result, not equal to it.
                 let mut e = vec![0f32; rows];
                 exact.matvec_with(&k, &x[..cols], &mut e);
@@ -611,18 +612,7 @@ mod tests {
                         k.name
                     );
                 }
-                let mut ys = vec![0f32; n * rows];
-                m.matmul_with(&k, &x, n, &mut ys);
-                for t in 0..n {
-                    let mut one = vec![0f32; rows];
-                    m.matvec_with(&k, &x[t * cols..(t + 1) * cols], &mut one);
-                    assert_eq!(
-                        &ys[t * rows..(t + 1) * rows],
-                        &one[..],
-                        "{} {ty} token {t}",
-                        k.name
-                    );
-                }
+                assert_matmul_is_matvec(&m, &k, &x, n, &format!("{} {ty}", k.name));
             }
             let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
             m.dequantize_row(5, &mut got);

@@ -233,7 +233,17 @@ impl Checkpoint {
             }
             maps.push(Arc::new(map));
         }
-        Ok(Self {
+        Ok(Self::assemble(dir, files, maps, tensors, metadata))
+    }
+
+    fn assemble(
+        dir: &Path,
+        files: Vec<PathBuf>,
+        maps: Vec<Arc<Mmap>>,
+        tensors: BTreeMap<String, TensorMeta>,
+        metadata: BTreeMap<String, String>,
+    ) -> Self {
+        Self {
             dir: dir.to_path_buf(),
             files,
             maps,
@@ -241,7 +251,7 @@ impl Checkpoint {
             metadata,
             progress: None,
             copied: AtomicU64::new(0),
-        })
+        }
     }
 
     /// A checkpoint over `files` whose tensors were indexed by someone else:
@@ -269,15 +279,7 @@ impl Checkpoint {
                 return Err(StError::tensor(path, name, "data lies outside the file"));
             }
         }
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            files,
-            maps,
-            tensors,
-            metadata,
-            progress: None,
-            copied: AtomicU64::new(0),
-        })
+        Ok(Self::assemble(dir, files, maps, tensors, metadata))
     }
 
     /// Reports every tensor copied out of the files ([`Self::f32_tensor`],
