@@ -389,3 +389,25 @@ fn hostile_ggufs_are_refused_at_load_naming_the_tensor() {
         "{e}"
     );
 }
+
+/// The commands that inspect a model before running it read a GGUF too.
+#[test]
+fn plan_and_doctor_read_a_gguf() {
+    let path = gguf_dir().join("olmoe-tiny-q8_0.gguf");
+    let home = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["plan", "--model"],
+        vec!["doctor", "--probe-mb", "1", "--model"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_coli"))
+            .args(&args)
+            .arg(&path)
+            .env("HOME", home.path())
+            .env_remove("XDG_STATE_HOME")
+            .output()
+            .expect("coli runs");
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "coli {args:?}: {text}");
+        assert!(!text.contains("PROBLEM"), "coli {args:?}: {text}");
+    }
+}

@@ -73,7 +73,8 @@ pub fn run(args: &BenchArgs, long: usize) -> anyhow::Result<bool> {
         max_ctx: Some(ctx),
         ..args.engine.options()
     };
-    let limit = crate::model::family::ModelConfig::load(&dir)
+    let limit = crate::engine::ModelFiles::resolve(&dir)?
+        .config()
         .with_context(|| format!("reading {}", dir.display()))?
         .max_positions();
     if ctx > limit {

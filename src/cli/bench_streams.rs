@@ -21,7 +21,6 @@ use crate::engine::{Engine, EngineOptions};
 use crate::model::olmoe::LoadOptions;
 use crate::runtime::{DecodeLoop, Event, GenRequest, LoopConfig, PromptMode, SlotChoice};
 use crate::sampling::{Sampler, SamplingParams};
-use crate::st::Checkpoint;
 use crate::synth::{ModelShape, synthetic_prompt};
 use colibri_actors::StorageOptions;
 
@@ -191,7 +190,7 @@ pub fn run(args: &BenchArgs, streams: usize) -> anyhow::Result<bool> {
     let (greedy, single, multi) = (median_run(greedy), median_run(single), median_run(multi));
 
     // 3. The bounds.
-    let ck = Checkpoint::open(&dir)?;
+    let ck = crate::engine::ModelFiles::resolve(&dir)?.weights()?;
     let (map, _) = shape.expert_map(&ck, LoadOptions::default())?;
     drop(ck);
     let expert_bytes = mean_routed_expert_bytes(&map);

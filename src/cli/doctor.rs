@@ -16,7 +16,6 @@ use super::ModelArg;
 use crate::bounds::{ProbeOptions, probe};
 use crate::kernels::{Kernels, dispatch};
 use crate::model::olmoe::LoadOptions;
-use crate::st::Checkpoint;
 use crate::synth::ModelShape;
 
 #[derive(Debug, Args)]
@@ -147,8 +146,9 @@ fn disk(dir: &Path, out: &mut Vec<String>) {
 }
 
 fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result<()> {
-    let ck =
-        Checkpoint::open(dir).with_context(|| format!("model {}: opening the checkpoint", dir.display()))?;
+    let ck = crate::engine::ModelFiles::resolve(dir)?
+        .weights()
+        .with_context(|| format!("model {}: opening the checkpoint", dir.display()))?;
     let mut by_dtype: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     let mut scales = 0usize;
     for name in ck.names() {
@@ -156,7 +156,10 @@ fn model(dir: &Path, args: &DoctorArgs, out: &mut Vec<String>) -> anyhow::Result
             scales += 1;
         }
         let meta = ck.info(name)?;
-        let e = by_dtype.entry(format!("{:?}", meta.dtype)).or_default();
+        let label = meta
+            .block
+            .map_or_else(|| format!("{:?}", meta.dtype), |b| b.name().to_string());
+        let e = by_dtype.entry(label).or_default();
         e.0 += 1;
         e.1 += meta.len;
     }

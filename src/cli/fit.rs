@@ -196,7 +196,9 @@ pub fn fit(
 /// types, at `ctx` or (`None`) the context the engine would take by
 /// default under `budget`.
 pub fn fit_dir(dir: &Path, budget: u64, ctx: Option<usize>) -> anyhow::Result<Fit> {
-    let ck = Checkpoint::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let ck = crate::engine::ModelFiles::resolve(dir)?
+        .weights()
+        .with_context(|| format!("opening {}", dir.display()))?;
     let shape = ModelShape::load(dir).with_context(|| format!("reading {}", dir.display()))?;
     let kv = crate::engine::DEFAULT_KV_TYPES;
     let ctx = match ctx {

@@ -184,7 +184,9 @@ fn compute_probe(shape: &ModelShape, ck: &Checkpoint, count: usize) -> anyhow::R
 }
 
 fn make_plan(dir: &Path, args: &PlanArgs) -> anyhow::Result<Plan> {
-    let ck = Checkpoint::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let ck = crate::engine::ModelFiles::resolve(dir)?
+        .weights()
+        .with_context(|| format!("opening {}", dir.display()))?;
     let shape = ModelShape::load(dir).with_context(|| format!("reading {}", dir.display()))?;
     let (map, _) = shape.expert_map(&ck, LoadOptions::default())?;
     let (budget_bytes, budget_source) = match args.ram_gb {
