@@ -534,6 +534,22 @@ def warm_page_cache(*paths):
     log(f"page cache warmed: {n / 1e9:.1f} GB in {time.time() - t0:.0f}s")
 
 
+def interleaved(a, run_coli, run_llama, label, show=lambda v: f"{v:.2f}"):
+    """`a.rounds` rounds of both engines, the order alternating from round
+    to round so that drift hits both; `run_*(round)` measures once.
+    Returns the coli and the llama.cpp measurements."""
+    cs, ls = [], []
+    for rnd in range(a.rounds):
+        order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
+        for who in order:
+            if who == "coli":
+                cs.append(run_coli(rnd))
+            else:
+                ls.append(run_llama(rnd))
+        log(f"{label} round {rnd}: coli {show(cs[-1])} llama.cpp {show(ls[-1])}")
+    return cs, ls
+
+
 def bench(a):
     prompt, replay = prompt_and_replay()
     if len(replay) < PROMPT_LEN + NEW_TOKENS:
@@ -554,17 +570,14 @@ def bench(a):
             forced = forced_all if mode == "replay" else None
             p = prompt if mode == "prompt" else replay[:PROMPT_LEN]
             for threads in a.threads:
-                cs, ls, pilot = [], [], None
-                for rnd in range(a.rounds):
-                    # Interleaved, order alternating, so drift hits both.
-                    order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
-                    for who in order:
-                        if who == "coli":
-                            v, pilot = bench_coli(a, cm, threads, p, forced)
-                            cs.append(v)
-                        else:
-                            ls.append(bench_llama(a, lm, threads, p, forced))
-                    log(f"{bits} {mode} t={threads} round {rnd}: coli {cs[-1]:.2f} llama.cpp {ls[-1]:.2f}")
+                runs, ls = interleaved(
+                    a,
+                    lambda _: bench_coli(a, cm, threads, p, forced),
+                    lambda _: bench_llama(a, lm, threads, p, forced),
+                    f"{bits} {mode} t={threads}",
+                    show=lambda v: f"{v[0] if isinstance(v, tuple) else v:.2f}",
+                )
+                cs, pilot = [v for v, _ in runs], runs[-1][1]
                 rows.append((bits, mode, threads, cs, ls, pilot))
     lines = [
         f"peer comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
@@ -648,15 +661,13 @@ def prefill(a):
         prefill_llama(a, lm, 2, prefill_ids(16))
         for n in (16, 256):
             for threads in a.threads:
-                cs, ls = [], []
-                for rnd in range(a.rounds):
-                    order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
-                    for who in order:
-                        if who == "coli":
-                            cs.append(prefill_coli(a, cm, threads, prefill_ids(n)))
-                        else:
-                            ls.append(prefill_llama(a, lm, threads, prefill_ids(n)))
-                    log(f"{bits} prefill {n} t={threads} round {rnd}: coli {cs[-1]:.2f}s llama.cpp {ls[-1]:.2f}s")
+                cs, ls = interleaved(
+                    a,
+                    lambda _: prefill_coli(a, cm, threads, prefill_ids(n)),
+                    lambda _: prefill_llama(a, lm, threads, prefill_ids(n)),
+                    f"{bits} prefill {n} t={threads}",
+                    show=lambda v: f"{v:.2f}s",
+                )
                 q = "int8 vs Q8_0" if bits == "int8" else "int4 vs Q4_0"
                 cmed, lmed = statistics.median(cs), statistics.median(ls)
                 lines.append(
@@ -767,15 +778,13 @@ def long(a):
     warm_page_cache(src, gguf)
     for n in sorted(a.long_lens):
         for threads in a.threads:
-            cs, ls = [], []
-            for rnd in range(a.rounds):
-                order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
-                for who in order:
-                    if who == "coli":
-                        cs.append(long_coli(a, model, threads, n))
-                    else:
-                        ls.append(long_llama(a, gguf, threads, n, rnd))
-                log(f"long {n} t={threads} round {rnd}: coli {cs[-1]} llama.cpp {ls[-1]}")
+            cs, ls = interleaved(
+                a,
+                lambda _: long_coli(a, model, threads, n),
+                lambda rnd: long_llama(a, gguf, threads, n, rnd),
+                f"long {n} t={threads}",
+                show=str,
+            )
             cp = statistics.median(n / r["prefill"] for r in cs)
             lp = statistics.median(n / r["prefill"] for r in ls)
             cd = statistics.median(r["decode_tps"] for r in cs)
@@ -958,6 +967,16 @@ def llama_tool(work, name):
     return exe
 
 
+def llama_bench_tg(a, exe, path, threads):
+    """llama-bench's tg speed (tokens/s) on `path`: NEW_TOKENS decoded one
+    at a time from an empty context, one repetition."""
+    r = subprocess.run([exe, "-m", path, "-t", str(threads), "-p", "0", "-n", str(NEW_TOKENS), "-r", "1",
+                        "-o", "json"], capture_output=True, text=True, env=llama_env(a))
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)[0]["avg_ts"]
+
+
 def gguf(a):
     """Decode in RAM on the same GGUF files: coli reading the file as it is
     against llama.cpp's llama-bench (tg32: 32 tokens decoded one at a time)."""
@@ -974,20 +993,12 @@ def gguf(a):
             continue
         warm_page_cache(path)
         for threads in a.threads:
-            cs, ls = [], []
-            for rnd in range(a.rounds):
-                order = ["coli", "llama"] if rnd % 2 == 0 else ["llama", "coli"]
-                for who in order:
-                    if who == "coli":
-                        cs.append(bench_coli(a, path, threads, prompt, None)[0])
-                    else:
-                        r = subprocess.run([bench_exe, "-m", path, "-t", str(threads), "-p", "0", "-n",
-                                            str(NEW_TOKENS), "-r", "1", "-o", "json"],
-                                           capture_output=True, text=True, env=llama_env(a))
-                        if r.returncode != 0:
-                            raise RuntimeError(f"llama-bench failed: {r.stderr[-2000:]}")
-                        ls.append(json.loads(r.stdout)[0]["avg_ts"])
-                log(f"{path.name} t={threads} round {rnd}: coli {cs[-1]:.2f} llama.cpp {ls[-1]:.2f}")
+            cs, ls = interleaved(
+                a,
+                lambda _: bench_coli(a, path, threads, prompt, None)[0],
+                lambda _: llama_bench_tg(a, bench_exe, path, threads),
+                f"{path.name} t={threads}",
+            )
             rows.append((path.name, threads, cs, ls))
     lines = [
         f"gguf comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
