@@ -21,7 +21,13 @@ pub fn client() -> reqwest::Client {
 pub struct HttpServer {
     child: super::ColiChild,
     pub base: String,
+    /// The server's last stderr lines, printed when a test fails while the
+    /// server runs, so a failure on a CI machine shows the server's side.
+    log: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
 }
+
+/// How many of the server's stderr lines a failing test prints.
+const LOG_LINES: usize = 200;
 
 impl HttpServer {
     pub fn start(model: &std::path::Path, extra: &[&str]) -> HttpServer {
@@ -39,11 +45,19 @@ impl HttpServer {
             .spawn();
         let err = child.stderr.take().expect("stderr piped");
         let (tx, rx) = std::sync::mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let kept = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines() {
                 let Ok(line) = line else { break };
                 if let Some(rest) = line.split("listening on http://").nth(1) {
                     let _ = tx.send(rest.split(' ').next().unwrap_or_default().to_string());
+                }
+                if let Ok(mut log) = kept.lock() {
+                    if log.len() == LOG_LINES {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
                 }
             }
         });
@@ -58,6 +72,7 @@ impl HttpServer {
         HttpServer {
             child,
             base: format!("http://{addr}"),
+            log,
         }
     }
 
@@ -107,6 +122,14 @@ impl Drop for HttpServer {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        if std::thread::panicking()
+            && let Ok(log) = self.log.lock()
+        {
+            eprintln!("--- coli serve's stderr (last {} lines) ---", log.len());
+            for line in log.iter() {
+                eprintln!("{line}");
+            }
         }
     }
 }
