@@ -163,16 +163,73 @@ fn int8_activations_stay_close() {
     }
 }
 
-/// A gpt-oss checkpoint cannot run unconverted: the error says what to do.
+/// gpt-oss loads as released (fused BF16-layout experts, or MXFP4 blocks),
+/// each expert streamed as its slices of the fused tensors: exact against
+/// transformers in f32 mapped and streamed, and against the int8 oracle;
+/// the same tokens as the converted container.
 #[test]
-fn unconverted_gpt_oss_names_the_fix() {
+fn gpt_oss_runs_as_released_without_convert() {
+    let tmp = tempfile::tempdir().unwrap();
     for name in ["gpt-oss-tiny", "gpt-oss-mxfp4"] {
-        let err = match Engine::load(&fixture(name), &EngineOptions::default()) {
-            Ok(_) => panic!("{name}: a fused checkpoint loaded"),
-            Err(e) => format!("{e:#}"),
+        let dir = fixture(name);
+        let r = reference(&dir);
+        exact(&dir, &r, &EngineOptions::default());
+        let streamed = EngineOptions {
+            placement: Placement::Streamed,
+            pilot: true,
+            cache_cap: Some(2),
+            ..EngineOptions::default()
         };
-        assert!(err.contains("coli convert"), "{name}: {err}");
+        exact(&dir, &r, &streamed);
+        exact(
+            &dir,
+            &r.int8().expect("REF.json has an int8 oracle"),
+            &int8_exact_path(),
+        );
+        let q = converted(tmp.path(), name, QFormat::Int8, QFormat::Int8);
+        let int8_acts = EngineOptions {
+            expert_bits: 8,
+            dense_bits: 8,
+            ..EngineOptions::default()
+        };
+        assert_eq!(
+            mismatches(&dir, &r, &int8_acts),
+            mismatches(&q, &r, &int8_acts),
+            "{name}: the release and its int8 container disagree"
+        );
     }
+}
+
+/// A fused gpt-oss tensor of the wrong shape is refused at load, naming it.
+#[test]
+fn damaged_fused_gpt_oss_experts_are_refused_at_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("gpt-oss-tiny");
+    let dst = tmp.path().join("bad");
+    std::fs::create_dir(&dst).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dst.join(f.file_name().unwrap())).unwrap();
+    }
+    let st = dst.join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    // Same byte count, other shape: the header stays valid.
+    let bad = header.replace(
+        r#""model.layers.1.mlp.experts.down_proj_bias":{"dtype":"F32","shape":[5,40]"#,
+        r#""model.layers.1.mlp.experts.down_proj_bias":{"dtype":"F32","shape":[40,5]"#,
+    );
+    assert_ne!(bad, header, "fixture header changed; update the test");
+    let mut out = bytes[..8].to_vec();
+    out.extend_from_slice(bad.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&st, out).unwrap();
+    let err = match Engine::load(&dst, &EngineOptions::default()) {
+        Ok(_) => panic!("a damaged fused expert tensor loaded"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("model.layers.1.mlp.experts.down_proj_bias"), "{err}");
 }
 
 /// Damaged gpt-oss tensors are refused by `coli convert` naming the tensor.

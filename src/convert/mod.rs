@@ -263,62 +263,7 @@ impl JobInput for CheckpointInput<'_> {
 
 /// The values of a strided or MXFP4 view (`src.view`), in output order.
 fn gather(src: &plan::Source, bytes: &[u8], scales: Option<&[u8]>) -> Result<Vec<f32>, String> {
-    let (rows, cols, rs, cs) = match src.view {
-        plan::View::Strided {
-            rows,
-            cols,
-            row_stride,
-            col_stride,
-        }
-        | plan::View::Mxfp4 {
-            rows,
-            cols,
-            row_stride,
-            col_stride,
-        } => (rows, cols, row_stride, col_stride),
-        plan::View::Contiguous => (1, src.elems, 0, 1),
-    };
-    let end = src.view.end(src.elem_start, rows * cols);
-    let mut out = Vec::with_capacity(rows * cols);
-    match scales {
-        Some(scales) => {
-            // Two values a byte (low nibble first), one exponent per 32 values.
-            if end.div_ceil(2) > bytes.len() || end.div_ceil(32) > scales.len() {
-                return Err("MXFP4 view runs past its blocks or scales".into());
-            }
-            for r in 0..rows {
-                for c in 0..cols {
-                    let i = src.elem_start + r * rs + c * cs;
-                    let byte = bytes[i / 2];
-                    let nibble = if i.is_multiple_of(2) {
-                        byte & 0x0f
-                    } else {
-                        byte >> 4
-                    };
-                    out.push(crate::quant::mxfp4_value(nibble, scales[i / 32]));
-                }
-            }
-        }
-        None => {
-            let size = plan::dtype_bytes(src.dtype) as usize;
-            if end.checked_mul(size).is_none_or(|b| b > bytes.len()) {
-                return Err("view runs past the tensor".into());
-            }
-            let read: fn(&[u8]) -> f32 = match src.dtype {
-                Dtype::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-                Dtype::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-                Dtype::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-                other => return Err(format!("{other} values cannot be viewed as floats")),
-            };
-            for r in 0..rows {
-                for c in 0..cols {
-                    let i = (src.elem_start + r * rs + c * cs) * size;
-                    out.push(read(&bytes[i..i + size]));
-                }
-            }
-        }
-    }
-    Ok(out)
+    crate::st::view::gather(src.view, src.dtype, src.elem_start, src.elems, bytes, scales)
 }
 
 /// Writes `jobs` as a container directory at `spec.output`: prepares a

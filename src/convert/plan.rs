@@ -134,56 +134,7 @@ pub(crate) struct Source {
 }
 
 /// Which input elements make the output, in output order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum View {
-    /// `elems` consecutive elements from `elem_start`.
-    Contiguous,
-    /// Output `(r, c)` of a `[rows, cols]` result is input element
-    /// `elem_start + r·row_stride + c·col_stride` (gpt-oss's transposed and
-    /// interleaved experts).
-    Strided {
-        rows: usize,
-        cols: usize,
-        row_stride: usize,
-        col_stride: usize,
-    },
-    /// As `Strided`, over the values an MXFP4 tensor (`tensor` holds the
-    /// `_blocks`, two FP4 values a byte, low nibble first) decodes to with
-    /// its `_scales` (one biased power-of-two exponent per 32 values).
-    Mxfp4 {
-        rows: usize,
-        cols: usize,
-        row_stride: usize,
-        col_stride: usize,
-    },
-}
-
-impl View {
-    /// The largest input element index the view reads, plus one.
-    pub fn end(self, start: usize, elems: usize) -> usize {
-        match self {
-            View::Contiguous => start + elems,
-            View::Strided {
-                rows,
-                cols,
-                row_stride,
-                col_stride,
-            }
-            | View::Mxfp4 {
-                rows,
-                cols,
-                row_stride,
-                col_stride,
-            } => {
-                if rows == 0 || cols == 0 {
-                    start
-                } else {
-                    start + (rows - 1) * row_stride + (cols - 1) * col_stride + 1
-                }
-            }
-        }
-    }
-}
+pub(crate) use crate::st::View;
 
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Job {

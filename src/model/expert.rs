@@ -5,7 +5,7 @@ use safetensors::Dtype;
 
 use crate::model::ModelError;
 use crate::quant::{ByteStore, QFormat, QMatrix};
-use crate::st::{self, Checkpoint, SCALE_SUFFIX};
+use crate::st::{self, Checkpoint, SCALE_SUFFIX, View};
 
 /// gate / up / down projections of one expert (or dense MLP), with the
 /// biases and gating function of its family.
@@ -128,8 +128,13 @@ pub struct MatrixSlot {
     pub cols: usize,
     /// Piece index and byte length of the weights.
     pub data: (usize, usize),
-    /// Piece index and byte length of the `.qs` scales of a quantized matrix.
+    /// Piece index and byte length of the `.qs` scales of a quantized matrix
+    /// (of the exponent bytes, for an MXFP4 view).
     pub scales: Option<(usize, usize)>,
+    /// Where the matrix's values sit in a fused piece shared with other
+    /// matrices (the view and its first element); `None` when the piece
+    /// holds just this matrix, row-major.
+    pub view: Option<(View, usize)>,
 }
 
 /// Where one of an expert's bias vectors sits among the pieces of its extent.
@@ -139,6 +144,8 @@ pub struct BiasSlot {
     pub len: usize,
     /// Piece index and byte length.
     pub data: (usize, usize),
+    /// As [`MatrixSlot::view`], for a bias fused with another.
+    pub view: Option<(View, usize)>,
 }
 
 /// The piece layout shared by every expert of one layer.
@@ -255,7 +262,10 @@ impl ExpertCodec {
         let start = *piece_at.get(i).ok_or_else(|| format!("piece {i} missing"))?;
         let b = ByteStore::slice_of(bytes.clone(), start, len)
             .ok_or_else(|| format!("piece {i} runs past the buffer"))?;
-        let v = st::decode_f32(slot.dtype, b.as_slice()).map_err(|e| e.to_string())?;
+        let v = match slot.view {
+            Some((view, first)) => st::view::gather(view, slot.dtype, first, slot.len, b.as_slice(), None)?,
+            None => st::decode_f32(slot.dtype, b.as_slice()).map_err(|e| e.to_string())?,
+        };
         if v.len() != slot.len {
             return Err(format!("{} values, expected {}", v.len(), slot.len));
         }
@@ -275,6 +285,30 @@ impl ExpertCodec {
                 .ok_or_else(|| format!("piece {i} runs past the buffer"))
         };
         let data = store(slot.data)?;
+        if let Some((view, first)) = slot.view {
+            let scales = match slot.scales {
+                Some(p) => Some(store(p)?),
+                None => None,
+            };
+            let elems = slot.rows * slot.cols;
+            if view.values().is_some_and(|n| n != elems) {
+                return Err(format!(
+                    "a view of {view:?} does not hold [{}, {}]",
+                    slot.rows, slot.cols
+                ));
+            }
+            let values = st::view::gather(
+                view,
+                slot.dtype,
+                first,
+                elems,
+                data.as_slice(),
+                scales.as_ref().map(ByteStore::as_slice),
+            )?;
+            return QMatrix::quantize(slot.rows, slot.cols, values, want)
+                .map(|m| m.with_int8_acts(self.int8_acts))
+                .map_err(|e| e.to_string());
+        }
         if let Some(ty) = slot.block {
             return QMatrix::from_ggml(slot.rows, slot.cols, ty, data).map_err(|e| e.to_string());
         }
@@ -427,6 +461,7 @@ pub fn checkpoint_expert(
                 cols,
                 data,
                 scales: None,
+                view: None,
             });
         }
         let meta = ck.info(&name)?;
@@ -448,6 +483,7 @@ pub fn checkpoint_expert(
             cols,
             data,
             scales,
+            view: None,
         })
     };
     let (gate, up, down) = (
@@ -472,6 +508,7 @@ pub fn checkpoint_expert(
                 dtype: meta.dtype,
                 len,
                 data,
+                view: None,
             })
         };
         Some([slot(0, inter)?, slot(1, inter)?, slot(2, hidden)?])

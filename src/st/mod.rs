@@ -20,12 +20,14 @@ mod decode;
 mod error;
 pub mod fp8;
 mod header;
+pub mod view;
 
 pub use checkpoint::{Checkpoint, MatrixParts, TensorMeta};
 pub use decode::{decode_f32, matrix_from_bytes};
 pub use error::StError;
 pub use header::{HeaderTensor, ParsedHeader, parse_header};
 pub use safetensors::Dtype;
+pub use view::View;
 
 /// Name prefix of the padding tensors that align experts in a container.
 pub const PAD_PREFIX: &str = "__pad__.";

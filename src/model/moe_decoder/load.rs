@@ -151,25 +151,17 @@ pub fn expert_map(
 ) -> Result<(ExpertMap, ExpertCodec), ModelError> {
     let (h, inter) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let names = naming(cfg);
-    if cfg.kind == DecoderKind::GptOss
-        && let Some(l) = (0..cfg.num_hidden_layers).find(|&l| cfg.is_sparse(l))
-    {
-        for fused in ["gate_up_proj", "gate_up_proj_blocks"] {
-            let name = format!("model.layers.{l}.mlp.experts.{fused}");
-            if ck.has(&name) {
-                return Err(ModelError::Weights(format!(
-                    "{name}: this is a gpt-oss checkpoint with fused experts; run `coli convert` on it \
-                     first (it splits the experts, and reads MXFP4 or BF16)"
-                )));
-            }
-        }
-    }
     let mut map = ExpertMap::new(ck.files().to_vec(), cfg.num_hidden_layers, cfg.num_experts);
     let mut layouts = LayoutCollector::new(cfg.num_hidden_layers);
     for l in (0..cfg.num_hidden_layers).filter(|&l| cfg.is_sparse(l)) {
         for e in 0..cfg.num_experts {
             let key = ExpertKey::new(l as u32, e as u32);
-            let (extent, layout) = checkpoint_expert(ck, key, h, inter, names)?;
+            let (extent, layout) =
+                if cfg.kind == DecoderKind::GptOss && super::gpt_oss_experts::is_fused(ck, l) {
+                    super::gpt_oss_experts::fused_expert(ck, key, cfg.num_experts, h, inter)?
+                } else {
+                    checkpoint_expert(ck, key, h, inter, names)?
+                };
             layouts.add(key, layout).map_err(ModelError::Weights)?;
             map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;

@@ -13,6 +13,7 @@ mod family;
 mod forward;
 pub mod glm4_moe;
 pub mod gpt_oss;
+mod gpt_oss_experts;
 mod load;
 mod predictor;
 mod weights;
