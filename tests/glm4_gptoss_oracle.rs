@@ -52,6 +52,16 @@ fn int8_exact_path() -> EngineOptions {
     }
 }
 
+/// Streamed through a two-expert cache with the pilot: every layer misses.
+fn streamed() -> EngineOptions {
+    EngineOptions {
+        placement: Placement::Streamed,
+        pilot: true,
+        cache_cap: Some(2),
+        ..EngineOptions::default()
+    }
+}
+
 /// A gpt-oss fixture converted (fused experts split, MXFP4 decoded) into a
 /// container with the given formats.
 fn converted(tmp: &Path, name: &str, experts: QFormat, dense: QFormat) -> PathBuf {
@@ -67,13 +77,7 @@ fn glm4_is_token_exact_in_f32_and_against_the_int8_oracle() {
     exact(&dir, &r, &EngineOptions::default());
     let int8 = r.int8().expect("REF.json has an int8 oracle");
     exact(&dir, &int8, &int8_exact_path());
-    let streamed = EngineOptions {
-        placement: Placement::Streamed,
-        pilot: true,
-        cache_cap: Some(2),
-        ..EngineOptions::default()
-    };
-    exact(&dir, &r, &streamed);
+    exact(&dir, &r, &streamed());
 }
 
 /// `coli convert` keeps GLM-4's names and formats: routed experts int8, the
@@ -117,13 +121,7 @@ fn gpt_oss_converts_from_fused_and_mxfp4_and_is_token_exact() {
         assert!(!ck.has("model.layers.0.mlp.experts.gate_up_proj"), "{name}");
         drop(ck);
         exact(&f32, &r, &EngineOptions::default());
-        let streamed = EngineOptions {
-            placement: Placement::Streamed,
-            pilot: true,
-            cache_cap: Some(2),
-            ..EngineOptions::default()
-        };
-        exact(&f32, &r, &streamed);
+        exact(&f32, &r, &streamed());
         let q = converted(tmp.path(), name, QFormat::Int8, QFormat::Int8);
         let int8 = r.int8().expect("REF.json has an int8 oracle");
         let opts = EngineOptions {
@@ -174,13 +172,7 @@ fn gpt_oss_runs_as_released_without_convert() {
         let dir = fixture(name);
         let r = reference(&dir);
         exact(&dir, &r, &EngineOptions::default());
-        let streamed = EngineOptions {
-            placement: Placement::Streamed,
-            pilot: true,
-            cache_cap: Some(2),
-            ..EngineOptions::default()
-        };
-        exact(&dir, &r, &streamed);
+        exact(&dir, &r, &streamed());
         exact(
             &dir,
             &r.int8().expect("REF.json has an int8 oracle"),
