@@ -730,6 +730,11 @@ impl LoopActor {
             };
             match got {
                 Got::Done(Ok(d)) => return d,
+                // The compute actor sends its reply and drops the sender at
+                // once; a selector can see the disconnection before the
+                // queued reply. A plain receive returns that reply if it is
+                // there, and fails at once if the actor really stopped.
+                Got::Done(Err(_)) if let Ok(d) = done.recv() => return d,
                 Got::Done(Err(_)) => {
                     return StepDone {
                         items: Vec::new(),
