@@ -154,14 +154,14 @@ pub fn expert_map(
     let mut map = ExpertMap::new(ck.files().to_vec(), cfg.num_hidden_layers, cfg.num_experts);
     let mut layouts = LayoutCollector::new(cfg.num_hidden_layers);
     for l in (0..cfg.num_hidden_layers).filter(|&l| cfg.is_sparse(l)) {
+        let fused = cfg.kind == DecoderKind::GptOss && super::gpt_oss_experts::is_fused(ck, l);
         for e in 0..cfg.num_experts {
             let key = ExpertKey::new(l as u32, e as u32);
-            let (extent, layout) =
-                if cfg.kind == DecoderKind::GptOss && super::gpt_oss_experts::is_fused(ck, l) {
-                    super::gpt_oss_experts::fused_expert(ck, key, cfg.num_experts, h, inter)?
-                } else {
-                    checkpoint_expert(ck, key, h, inter, names)?
-                };
+            let (extent, layout) = if fused {
+                super::gpt_oss_experts::fused_expert(ck, key, cfg.num_experts, h, inter)?
+            } else {
+                checkpoint_expert(ck, key, h, inter, names)?
+            };
             layouts.add(key, layout).map_err(ModelError::Weights)?;
             map.set_extent(key, extent)
                 .map_err(|err| ModelError::Weights(err.to_string()))?;
