@@ -69,6 +69,7 @@ fn block(rng: &mut Lcg) -> (AttnSpec, AttnWeights, Rope) {
         k_norm: Vec::new(),
         bias: AttnBias::default(),
         sinks: Vec::new(),
+        gate: None,
     };
     (spec, w, Rope::new(HEAD_DIM, 10000.0))
 }

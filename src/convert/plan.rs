@@ -441,6 +441,9 @@ pub(crate) fn keeps_f32(name: &str, shape: &[usize]) -> bool {
         || name.ends_with("mlp.gate.weight")
         || name.ends_with("block_sparse_moe.gate.weight")
         || name.ends_with("mlp.router.weight")
+        // Qwen3-Next's one-row sigmoid gate of the shared expert: a router
+        // of one output, as sensitive to rounding as the others.
+        || name.ends_with("shared_expert_gate.weight")
 }
 
 /// Builds the job list: dense tensors (sorted by name), then experts

@@ -383,6 +383,12 @@ fn load_family(
     if let Some(p) = &progress {
         ck = ck.with_progress(p.clone());
     }
+    if ck.skipped_tower_tensors() > 0 {
+        tracing::info!(
+            tensors = ck.skipped_tower_tensors(),
+            "a multimodal release: its vision/audio towers are not loaded, only the language model runs"
+        );
+    }
     let family = config.into_family().load(ck, load)?;
     if let Some(p) = &progress {
         p.finish();

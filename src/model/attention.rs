@@ -59,6 +59,10 @@ pub struct AttnWeights {
     /// One learned logit per query head that joins every softmax and is
     /// then dropped (gpt-oss): attention may give weight to "nothing".
     pub sinks: Vec<f32>,
+    /// An output gate `[heads * head_dim, hidden]` (Qwen3-Next): the heads'
+    /// output is multiplied by `sigmoid(gate · x)` before `o`, so a head
+    /// can switch itself off for a token.
+    pub gate: Option<QMatrix>,
 }
 
 /// Biases of the q/k/v/o projections (GLM-4.x has q/k/v, gpt-oss all four);
@@ -95,6 +99,7 @@ impl AttnWeights {
             .iter()
             .map(|m| m.resident_bytes())
             .sum::<usize>()
+            + self.gate.as_ref().map_or(0, QMatrix::resident_bytes)
             + (self.q_norm.len() + self.k_norm.len() + self.sinks.len()) * 4
             + self.bias.bytes()
     }
@@ -324,6 +329,13 @@ pub fn attend(
             ctx[t * q_dim + h * hd..t * q_dim + (h + 1) * hd].copy_from_slice(o);
         }
     }
+    if let Some(gate) = &w.gate {
+        let mut g = vec![0f32; n * q_dim];
+        gate.matmul(xn, n, &mut g);
+        for (c, g) in ctx.iter_mut().zip(&g) {
+            *c *= crate::model::ops::sigmoid(*g);
+        }
+    }
     let mut out = vec![0f32; n * hidden];
     w.o.matmul(&ctx, n, &mut out);
     add_bias(&mut out, &w.bias.o);
@@ -494,6 +506,7 @@ mod tests {
             k_norm: Vec::new(),
             bias: AttnBias::default(),
             sinks: Vec::new(),
+            gate: None,
         };
         let spec = AttnSpec {
             hidden,

@@ -33,17 +33,33 @@ pub enum ForwardError {
     Expert(#[from] SourceError),
 }
 
-/// A sequence's attention state (KV cache or compressed latent cache).
-/// Positions can be dropped from the end (prefix reuse) and serialised one
-/// record per position (conversation state files).
+/// The state of a sequence after N tokens: what every layer keeps so the
+/// next token can be computed without the earlier ones. Attention layers
+/// keep one record per position (a KV cache or compressed latent cache);
+/// linear-attention layers keep a fixed-size recurrent state that cannot be
+/// cut back to an arbitrary position, only restored from a checkpoint taken
+/// at a known one. Both kinds answer the same questions, so slots, prefix
+/// reuse and speculative rollback are written once: a caller truncates,
+/// reads back [`SequenceState::len`] and computes the tokens past it again.
 pub trait SequenceState: Send {
     /// Positions held.
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Keeps positions `0..n`.
-    fn truncate(&mut self, n: usize);
+    /// Keeps at most positions `0..n` and returns how many it kept: exactly
+    /// `n` for a per-position cache; for a recurrent state the latest
+    /// checkpoint at or before `n` (0 when none is), so the caller computes
+    /// the tokens from the returned length on again.
+    fn truncate(&mut self, n: usize) -> usize;
+    /// Whether the whole state is the concatenation of the per-position
+    /// records ([`Self::position_bytes`]), so positions can be copied
+    /// between slots, kept in the prompt cache and written to state files
+    /// one by one. False for a state with recurrent layers: its records
+    /// cover only the attention layers.
+    fn positional(&self) -> bool {
+        true
+    }
     /// Bytes of one position's record.
     fn record_bytes(&self) -> usize;
     /// Position `pos`'s state for every layer.

@@ -15,6 +15,7 @@ pub mod want;
 pub mod glm;
 pub mod moe_decoder;
 pub mod olmoe;
+pub mod qwen3_next;
 
 /// Every registered family, in the order the "supported" list names their
 /// `model_type`s. The one table a new family is added to.
@@ -24,6 +25,7 @@ pub(crate) static FAMILIES: &[&dyn family::Family] = &[
     &moe_decoder::GLM4_MOE,
     &moe_decoder::GPT_OSS,
     &glm::GLM,
+    &qwen3_next::QWEN3_NEXT,
 ];
 
 use crate::config::ConfigError;

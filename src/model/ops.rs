@@ -60,6 +60,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc[0] + ar.iter().zip(br).map(|(x, y)| x * y).sum::<f32>()
 }
 
+/// The logistic function 1 / (1 + e^-x).
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 /// SiLU(x) = x · sigmoid(x).
 #[inline]
 pub fn silu(x: f32) -> f32 {

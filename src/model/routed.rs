@@ -109,9 +109,7 @@ impl GroupLimited {
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
+use crate::model::ops::sigmoid;
 
 /// How a Llama-style MoE layer turns router logits into a routing.
 #[derive(Clone, Copy, Debug, PartialEq)]

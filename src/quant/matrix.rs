@@ -160,6 +160,54 @@ impl QMatrix {
         self
     }
 
+    /// A matrix of the rows `rows` of this one, in that order, stored as
+    /// they are (no re-quantization, so the values are bit for bit the
+    /// same): how a family whose checkpoint interleaves several projections
+    /// in one tensor (Qwen3-Next's `in_proj_qkvz`, its gated `q_proj`)
+    /// splits them at load, in any storage format. `None` when a row index
+    /// is out of range.
+    pub fn select_rows(&self, rows: &[usize]) -> Option<Self> {
+        if rows.iter().any(|&r| r >= self.rows) {
+            return None;
+        }
+        let cols = self.cols;
+        let data = match &self.data {
+            Data::F32(w) => Data::F32(
+                rows.iter()
+                    .flat_map(|&r| &w[r * cols..(r + 1) * cols])
+                    .copied()
+                    .collect(),
+            ),
+            Data::Packed(b) => {
+                let rb = self.format.row_bytes(cols);
+                let bytes = b.as_slice();
+                let mut out = Vec::with_capacity(rows.len() * rb);
+                for &r in rows {
+                    out.extend_from_slice(bytes.get(r * rb..(r + 1) * rb)?);
+                }
+                Data::Packed(ByteStore::from_vec(out))
+            }
+        };
+        let scales = if self.scales.is_empty() {
+            Vec::new()
+        } else {
+            let per = self.scales.len() / self.rows.max(1);
+            let mut out = Vec::with_capacity(rows.len() * per);
+            for &r in rows {
+                out.extend_from_slice(self.scales.get(r * per..(r + 1) * per)?);
+            }
+            out
+        };
+        Some(Self {
+            rows: rows.len(),
+            cols,
+            format: self.format,
+            data,
+            scales,
+            int8_acts: self.int8_acts,
+        })
+    }
+
     /// Whether products use int8-quantized activations.
     pub fn int8_acts(&self) -> bool {
         self.int8_acts

@@ -16,8 +16,9 @@ impl SequenceState for FakeState {
     fn len(&self) -> usize {
         self.0.len()
     }
-    fn truncate(&mut self, n: usize) {
+    fn truncate(&mut self, n: usize) -> usize {
         self.0.truncate(n);
+        self.0.len()
     }
     fn record_bytes(&self) -> usize {
         RECORD

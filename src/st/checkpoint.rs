@@ -70,9 +70,49 @@ pub struct Checkpoint {
     maps: Vec<Arc<Mmap>>,
     tensors: BTreeMap<String, TensorMeta>,
     metadata: BTreeMap<String, String>,
+    /// Tensors of other towers left out ([`text_tower`]).
+    skipped_towers: usize,
     /// Told the bytes copied out so far ([`Checkpoint::with_progress`]).
     progress: Option<Arc<dyn Progress>>,
     copied: AtomicU64,
+}
+
+/// The language model's prefix in a multimodal release
+/// (`…ForConditionalGeneration`: Qwen3.5, Qwen3-VL, Llama 4 …).
+const TEXT_PREFIX: &str = "model.language_model.";
+
+/// Prefixes of the other towers of a multimodal release.
+const OTHER_TOWERS: [&str; 4] = [
+    "model.visual.",
+    "visual.",
+    "model.vision_tower.",
+    "model.audio_tower.",
+];
+
+/// A multimodal release's tensors under the names of its text-only
+/// sibling: `model.language_model.X` is read as `model.X` (the head and
+/// everything else keep their names) and the other towers are dropped, so
+/// every family reads one naming whichever release it is given. A
+/// checkpoint without the prefix is returned as it is. Also returns how
+/// many tensors were dropped.
+fn text_tower(tensors: BTreeMap<String, TensorMeta>) -> (BTreeMap<String, TensorMeta>, usize) {
+    if !tensors.keys().any(|k| k.starts_with(TEXT_PREFIX)) {
+        return (tensors, 0);
+    }
+    let mut out = BTreeMap::new();
+    let mut skipped = 0usize;
+    for (name, meta) in tensors {
+        if OTHER_TOWERS.iter().any(|p| name.starts_with(p)) {
+            skipped += 1;
+            continue;
+        }
+        let name = match name.strip_prefix(TEXT_PREFIX) {
+            Some(rest) => format!("model.{rest}"),
+            None => name,
+        };
+        out.insert(name, meta);
+    }
+    (out, skipped)
 }
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -243,15 +283,24 @@ impl Checkpoint {
         tensors: BTreeMap<String, TensorMeta>,
         metadata: BTreeMap<String, String>,
     ) -> Self {
+        let (tensors, skipped_towers) = text_tower(tensors);
         Self {
             dir: dir.to_path_buf(),
             files,
             maps,
+            skipped_towers,
             tensors,
             metadata,
             progress: None,
             copied: AtomicU64::new(0),
         }
+    }
+
+    /// How many tensors of other towers (vision, audio) a multimodal
+    /// release held that are not loaded: reported at load, so a user knows
+    /// the images half of the checkpoint is not run.
+    pub fn skipped_tower_tensors(&self) -> usize {
+        self.skipped_towers
     }
 
     /// A checkpoint over `files` whose tensors were indexed by someone else:

@@ -193,7 +193,7 @@ impl SequenceState for GlmState {
         self.len
     }
 
-    fn truncate(&mut self, n: usize) {
+    fn truncate(&mut self, n: usize) -> usize {
         let n = n.min(self.len);
         for (c, &ix) in self.layers.iter_mut().zip(&self.indexed) {
             c.truncate(n, self.dims, ix);
@@ -201,6 +201,7 @@ impl SequenceState for GlmState {
         self.len = n;
         self.truncate_mtp(n);
         self.pending.truncate(n, self.hidden);
+        n
     }
 
     fn record_bytes(&self) -> usize {

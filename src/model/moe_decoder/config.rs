@@ -631,7 +631,7 @@ impl MoeDecoderConfig {
 
 /// Refuses a count field that is not a non-negative integer, naming it
 /// (serde's own message for `-4` or `1.5` would not).
-pub(super) fn check_counts(
+pub(crate) fn check_counts(
     path: &Path,
     value: &serde_json::Value,
     fields: &[&'static str],
@@ -651,7 +651,7 @@ pub(super) fn check_counts(
 }
 
 /// Only SiLU-gated experts are implemented.
-pub(super) fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigError> {
+pub(crate) fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigError> {
     match act {
         None | Some("silu") => Ok(()),
         Some(other) => Err(ConfigError::Invalid {

@@ -190,7 +190,7 @@ impl FamilyConfig for MoeDecoderConfig {
 /// the sparse layers (dense MLP layers are ordinary dense tensors), one
 /// format for all, under the family's own expert names. GLM-4.x's
 /// next-token layers after the main ones are kept (with experts).
-fn convert_spec(cfg: &MoeDecoderConfig, experts: QFormat, dense: QFormat) -> ModelSpec {
+pub(crate) fn convert_spec(cfg: &MoeDecoderConfig, experts: QFormat, dense: QFormat) -> ModelSpec {
     let mut expert_layers = cfg.sparse_layers();
     expert_layers.resize(cfg.num_hidden_layers + cfg.num_nextn_predict_layers, true);
     let gpt_oss = cfg.kind == DecoderKind::GptOss;

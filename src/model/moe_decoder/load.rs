@@ -116,6 +116,7 @@ pub fn load_dense(
                 k_norm,
                 bias,
                 sinks,
+                gate: None,
             },
             post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
             ffn,

@@ -18,10 +18,9 @@ mod load;
 mod predictor;
 mod weights;
 
-#[cfg(test)]
-pub(crate) use config::parse_rope;
 pub use config::{DecoderKind, MoeDecoderConfig, RopeScaling, RouterChoice, Yarn};
-pub(crate) use family::QWEN3_MIXTRAL;
+pub(crate) use config::{check_act, check_counts, parse_rope};
+pub(crate) use family::{QWEN3_MIXTRAL, convert_spec};
 pub use forward::MoeDecoder;
 pub(crate) use forward::{Pass, run_pass};
 pub(crate) use glm4_moe::GLM4_MOE;

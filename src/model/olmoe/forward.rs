@@ -116,8 +116,9 @@ impl SequenceState for KvCache {
     fn len(&self) -> usize {
         KvCache::len(self)
     }
-    fn truncate(&mut self, n: usize) {
-        KvCache::truncate(self, n)
+    fn truncate(&mut self, n: usize) -> usize {
+        KvCache::truncate(self, n);
+        self.len()
     }
     fn record_bytes(&self) -> usize {
         KvCache::record_bytes(self)

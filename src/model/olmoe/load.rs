@@ -74,6 +74,7 @@ pub fn load_dense(cfg: &OlmoeConfig, ck: &Checkpoint, opts: LoadOptions) -> Resu
                 k_norm: vec(&n("self_attn.k_norm.weight"), kv_dim)?,
                 bias: Default::default(),
                 sinks: Vec::new(),
+                gate: None,
             },
             post_norm: vec(&n("post_attention_layernorm.weight"), h)?,
             ffn: Ffn::Moe {

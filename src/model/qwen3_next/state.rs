@@ -1,0 +1,241 @@
+//! The state of a Qwen3-Next / Qwen3.5 sequence after N tokens: a KV cache
+//! for the full-attention layers, and for each linear-attention layer a
+//! recurrent state of fixed size (the convolution's last inputs and the
+//! delta rule's matrix) that no earlier position can be recovered from.
+//!
+//! Going back to an earlier position therefore needs a copy of the
+//! recurrent states taken there. Every forward of more than one token (a
+//! prompt chunk, a draft verification) takes two: at its start and before
+//! its last token. Those are the positions callers return to: the end of
+//! the previous prompt or reply (a conversation's next turn that does not
+//! reproduce the reply token for token), the prompt minus its last token (a
+//! regenerated reply, whose last prompt token is computed again for its
+//! logits), a rejected draft. [`SequenceState::truncate`] restores the
+//! latest copy at or before the asked position and reports where it
+//! landed; the caller computes the rest again. At most [`CHECKPOINTS`]
+//! copies are kept, the most recent ones.
+
+use std::any::Any;
+
+use super::config::LinearShape;
+use crate::model::kv_cache::KvCache;
+use crate::model::lm::SequenceState;
+
+/// Copies of the recurrent states kept per sequence. Each is the size of
+/// the whole recurrent state (Qwen3.6-35B-A3B: 30 layers × 2.1 MB), so the
+/// count is small; four cover a turn's two positions and the previous turn's.
+pub const CHECKPOINTS: usize = 4;
+
+/// One linear-attention layer's recurrent state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearState {
+    /// The convolution's last `kernel - 1` inputs, oldest first, `[kernel - 1, conv_dim]`.
+    pub conv: Vec<f32>,
+    /// The delta rule's `[value_heads, key_dim, value_dim]`.
+    pub delta: Vec<f32>,
+}
+
+impl LinearState {
+    pub fn new(s: &LinearShape) -> Self {
+        Self {
+            conv: vec![0.0; (s.conv_kernel - 1) * s.conv_dim()],
+            delta: vec![0.0; s.value_heads * s.key_dim * s.value_dim],
+        }
+    }
+
+    fn reset(&mut self) {
+        self.conv.fill(0.0);
+        self.delta.fill(0.0);
+    }
+}
+
+/// A hybrid sequence state.
+#[derive(Clone, Debug)]
+pub struct HybridState {
+    /// Keys and values of the full-attention layers (one cache layer per
+    /// full layer, in layer order); its length is the state's.
+    pub kv: KvCache,
+    /// One per linear layer, in layer order.
+    pub linear: Vec<LinearState>,
+    /// `(position, states)`, ascending positions.
+    checkpoints: Vec<(usize, Vec<LinearState>)>,
+    /// States of the linear layers before the last token of the running
+    /// forward, one pushed per layer (see [`Self::begin`]).
+    pending: Vec<LinearState>,
+    /// A forward has started and not committed: the recurrent states may
+    /// be part-way, so no position is valid until restored.
+    dirty: bool,
+}
+
+impl HybridState {
+    pub fn new(kv: KvCache, linear_layers: usize, shape: &LinearShape) -> Self {
+        Self {
+            kv,
+            linear: vec![LinearState::new(shape); linear_layers],
+            checkpoints: Vec::new(),
+            pending: Vec::new(),
+            dirty: false,
+        }
+    }
+
+    /// Called before a forward of `m` new tokens: takes the checkpoint at
+    /// the current position when `m > 1`, and marks the state as running.
+    pub fn begin(&mut self, m: usize) {
+        let at = self.kv.len();
+        if m > 1 && at > 0 {
+            self.checkpoint(at, self.linear.clone());
+        }
+        self.pending.clear();
+        self.dirty = true;
+    }
+
+    /// The linear layer's state before the last token of the running
+    /// forward, pushed by each linear layer in order (only when `m > 1`).
+    pub fn push_pending(&mut self, layer_state: LinearState) {
+        self.pending.push(layer_state);
+    }
+
+    /// Ends a forward of `m` tokens: the KV cache takes its positions, the
+    /// states before the last token become a checkpoint.
+    pub fn commit(&mut self, m: usize) {
+        let start = self.kv.len();
+        self.kv.commit(m);
+        if m > 1 && self.pending.len() == self.linear.len() {
+            let pending = std::mem::take(&mut self.pending);
+            self.checkpoint(start + m - 1, pending);
+        }
+        self.pending.clear();
+        self.dirty = false;
+    }
+
+    fn checkpoint(&mut self, at: usize, states: Vec<LinearState>) {
+        self.checkpoints.retain(|(p, _)| *p < at);
+        self.checkpoints.push((at, states));
+        if self.checkpoints.len() > CHECKPOINTS {
+            self.checkpoints.remove(0);
+        }
+    }
+
+    /// Positions a truncation can land on exactly (besides 0 and the end).
+    pub fn checkpoint_positions(&self) -> Vec<usize> {
+        self.checkpoints.iter().map(|(p, _)| *p).collect()
+    }
+}
+
+impl SequenceState for HybridState {
+    fn len(&self) -> usize {
+        self.kv.len()
+    }
+
+    fn truncate(&mut self, n: usize) -> usize {
+        if !self.dirty && n >= self.kv.len() {
+            return self.kv.len();
+        }
+        self.dirty = false;
+        self.pending.clear();
+        self.checkpoints.retain(|(p, _)| *p <= n);
+        match self.checkpoints.last() {
+            Some((p, states)) => {
+                let p = *p;
+                self.linear.clone_from(states);
+                self.kv.truncate(p);
+                p
+            }
+            None => {
+                self.linear.iter_mut().for_each(LinearState::reset);
+                self.kv.truncate(0);
+                0
+            }
+        }
+    }
+
+    fn positional(&self) -> bool {
+        false
+    }
+
+    /// Nothing is written per position: the recurrent layers have no such
+    /// record, so the prompt cache and state files leave this state alone.
+    fn record_bytes(&self) -> usize {
+        0
+    }
+
+    fn position_bytes(&self, _pos: usize) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn push_position_bytes(&mut self, _bytes: &[u8]) -> bool {
+        false
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> LinearShape {
+        LinearShape {
+            key_heads: 1,
+            value_heads: 1,
+            key_dim: 2,
+            value_dim: 2,
+            conv_kernel: 2,
+        }
+    }
+
+    /// A state whose linear layer records its position in every value.
+    fn run(st: &mut HybridState, m: usize) {
+        st.begin(m);
+        let start = st.len();
+        for layer in 0..st.linear.len() {
+            for t in 0..m {
+                if t + 1 == m && m > 1 {
+                    let before = st.linear[layer].clone();
+                    st.push_pending(before);
+                }
+                st.linear[layer].delta.fill((start + t + 1) as f32);
+            }
+        }
+        st.commit(m);
+    }
+
+    #[test]
+    fn truncation_lands_on_the_latest_checkpoint_and_says_where() {
+        let mut st = HybridState::new(KvCache::new(1, 4), 2, &shape());
+        run(&mut st, 5); // checkpoint at 4
+        run(&mut st, 1);
+        run(&mut st, 3); // checkpoints at 6 and 8
+        assert_eq!(st.len(), 9);
+        assert_eq!(st.checkpoint_positions(), vec![4, 6, 8]);
+        assert_eq!(st.truncate(9), 9);
+        assert_eq!(st.truncate(7), 6);
+        assert_eq!(st.len(), 6);
+        assert!(st.linear.iter().all(|l| l.delta.iter().all(|&v| v == 6.0)));
+        assert_eq!(st.truncate(3), 0);
+        assert!(st.linear.iter().all(|l| l.delta.iter().all(|&v| v == 0.0)));
+    }
+
+    #[test]
+    fn a_forward_that_did_not_commit_is_rolled_back() {
+        let mut st = HybridState::new(KvCache::new(1, 4), 1, &shape());
+        run(&mut st, 4); // checkpoint at 3
+        st.begin(1);
+        st.linear[0].delta.fill(99.0);
+        // The pass failed: the caller truncates to the length before it.
+        assert_eq!(st.truncate(4), 3);
+        assert!(st.linear[0].delta.iter().all(|&v| v == 3.0));
+    }
+
+    #[test]
+    fn only_the_latest_checkpoints_are_kept() {
+        let mut st = HybridState::new(KvCache::new(1, 4), 1, &shape());
+        for _ in 0..10 {
+            run(&mut st, 2);
+        }
+        assert_eq!(st.checkpoint_positions().len(), CHECKPOINTS);
+        assert_eq!(*st.checkpoint_positions().last().unwrap(), 19);
+    }
+}
