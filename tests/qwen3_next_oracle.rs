@@ -1,0 +1,349 @@
+//! The hybrid linear-attention families against transformers 5
+//! (fixtures/{qwen3-next-tiny,qwen3-5-moe-tiny}/REF.json, written by
+//! tools/make_qwen3_next_fixtures.py): Gated DeltaNet layers before a gated
+//! full-attention layer, GQA 4/2, two value heads per key head, a dense
+//! layer among sparse ones (Qwen3-Next), Qwen3.5 saved as its multimodal
+//! release. The 80-token prompt is longer than transformers' 64-token
+//! prefill chunk, so its chunked prefill and its recurrent decode are both
+//! what the engine is compared with. Token-exact in f32 (mapped, and
+//! streamed with the pilot), at int8 against transformers on the int8
+//! round-trip weights, after `coli convert`; a sequence's state resumes
+//! from its checkpoints exactly; hostile configs are refused by name.
+
+use std::path::{Path, PathBuf};
+
+use colibri::cli::validate::{Reference, greedy, teacher_forcing};
+use colibri::convert::convert;
+use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::model::kv_cache::{KvType, KvTypes};
+use colibri::model::lm::Logits;
+use colibri::quant::QFormat;
+use colibri::st::Checkpoint;
+use colibri_actors::Tag;
+
+const FIXTURES: [&str; 2] = ["qwen3-next-tiny", "qwen3-5-moe-tiny"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+fn reference(dir: &Path) -> Reference {
+    Reference::load(&dir.join("REF.json")).unwrap()
+}
+
+fn int8_oracle(dir: &Path) -> Reference {
+    reference(dir).int8().expect("REF.json has an int8 oracle")
+}
+
+fn mismatches(model: &Path, r: &Reference, opts: &EngineOptions) -> (usize, usize) {
+    let mut engine = Engine::load(model, opts).unwrap_or_else(|e| panic!("{}: {e:#}", model.display()));
+    let (ok, total) = greedy(&mut engine, r).unwrap();
+    let (tok, ttotal) = teacher_forcing(&mut engine, r).unwrap();
+    assert!(total > 0 && ttotal > 0);
+    (total - ok, ttotal - tok)
+}
+
+fn exact(model: &Path, r: &Reference, opts: &EngineOptions) {
+    assert_eq!(
+        mismatches(model, r, opts),
+        (0, 0),
+        "{} with {opts:?}",
+        model.display()
+    );
+}
+
+/// f32 weights, activations and KV cache of the full-attention layers.
+fn exact_kv() -> EngineOptions {
+    EngineOptions {
+        kv_types: KvTypes::both(KvType::F32),
+        ..EngineOptions::default()
+    }
+}
+
+/// Int8 weights through f32 activations: the path the int8 oracle checks.
+fn int8_path() -> EngineOptions {
+    EngineOptions {
+        expert_bits: 8,
+        dense_bits: 8,
+        int8_acts: false,
+        ..exact_kv()
+    }
+}
+
+fn streamed(base: EngineOptions) -> EngineOptions {
+    EngineOptions {
+        placement: Placement::Streamed,
+        pilot: true,
+        cache_cap: Some(2),
+        ..base
+    }
+}
+
+#[test]
+fn the_fixtures_exercise_both_forms_of_the_delta_rule() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("REF.json")).unwrap()).unwrap();
+        let prompt = v["prompt_ids"].as_array().unwrap().len();
+        assert!(prompt > 64, "{name}: a {prompt}-token prompt fits one chunk");
+        let paths = &v["generator"]["code_paths"]["generate"];
+        assert!(
+            paths
+                .as_object()
+                .unwrap()
+                .keys()
+                .any(|k| k.starts_with("torch_chunk_gated_delta_rule")),
+            "{name}: {paths}"
+        );
+        assert!(
+            paths
+                .as_object()
+                .unwrap()
+                .keys()
+                .any(|k| k.starts_with("torch_recurrent_gated_delta_rule")),
+            "{name}: {paths}"
+        );
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        assert!(cfg["transformers_version"].as_str().unwrap().starts_with("5."));
+    }
+    let qwen35: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("qwen3-5-moe-tiny/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(qwen35.get("text_config").is_some() && qwen35.get("vision_config").is_some());
+}
+
+#[test]
+fn f32_is_token_exact_mapped_and_streamed() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        exact(&dir, &r, &exact_kv());
+        exact(&dir, &r, &streamed(exact_kv()));
+    }
+}
+
+#[test]
+fn int8_is_token_exact_against_transformers_on_the_same_weights() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let int8 = int8_oracle(&dir);
+        exact(&dir, &int8, &int8_path());
+        exact(&dir, &int8, &streamed(int8_path()));
+    }
+}
+
+#[test]
+fn coli_convert_keeps_them_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let out = tmp.path().join(name);
+        convert(&dir, &out, QFormat::Int8, QFormat::Int8, None).unwrap();
+        let f32_acts = EngineOptions {
+            int8_acts: false,
+            ..exact_kv()
+        };
+        exact(&out, &int8_oracle(&dir), &f32_acts);
+        exact(&out, &int8_oracle(&dir), &streamed(f32_acts));
+        let f32_out = tmp.path().join(format!("{name}-f32"));
+        convert(&dir, &f32_out, QFormat::F32, QFormat::F32, None).unwrap();
+        exact(&f32_out, &reference(&dir), &exact_kv());
+        // The container is text only: no vision tower was carried over.
+        let ck = Checkpoint::open(&out).unwrap();
+        assert!(ck.names().all(|n| !n.contains("visual")), "{name}");
+    }
+}
+
+#[test]
+fn the_vision_tower_of_the_multimodal_release_is_skipped() {
+    let ck = Checkpoint::open(&fixture("qwen3-5-moe-tiny")).unwrap();
+    assert!(ck.skipped_tower_tensors() > 0);
+    assert!(ck.names().all(|n| !n.contains("visual")));
+    assert!(ck.has("model.layers.0.linear_attn.in_proj_qkv.weight"));
+    assert!(ck.has("lm_head.weight"));
+}
+
+fn last_logits(engine: &mut Engine, ids: &[u32]) -> Vec<f32> {
+    let mut st = engine.model.new_state();
+    engine
+        .model
+        .forward(ids, st.as_mut(), Tag::new(0, 1, 0), Logits::Last)
+        .unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn ref_logits(dir: &Path, key: &str) -> Vec<f32> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("REF.json")).unwrap()).unwrap();
+    serde_json::from_value(v[key].clone()).unwrap()
+}
+
+/// Logits at the last of all 92 positions (one forward over the prompt and
+/// its continuation): within 1e-3 of transformers' in f32 and at int8 (each
+/// against its own oracle, which lie more than 0.1 apart); the default f16
+/// KV cache of the full-attention layer stays within 1e-2.
+#[test]
+fn last_position_logits_are_close_to_transformers() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let (f32_ref, int8_ref) = (ref_logits(&dir, "logits_last"), ref_logits(&dir, "int8_logits_last"));
+        assert!(max_diff(&f32_ref, &int8_ref) > 0.1, "{name}");
+        let mut e = Engine::load(&dir, &exact_kv()).unwrap();
+        let d = max_diff(&last_logits(&mut e, &reference(&dir).full_ids), &f32_ref);
+        assert!(d < 1e-3, "{name}: f32 logits {d} from the oracle");
+        let mut e = Engine::load(&dir, &int8_path()).unwrap();
+        let d8 = max_diff(&last_logits(&mut e, &int8_oracle(&dir).full_ids), &int8_ref);
+        assert!(d8 < 1e-3, "{name}: int8 logits {d8} from the int8 oracle");
+        let mut e = Engine::load(&dir, &EngineOptions::default()).unwrap();
+        let d16 = max_diff(&last_logits(&mut e, &reference(&dir).full_ids), &f32_ref);
+        assert!(d16 < 1e-2, "{name}: f16-KV logits {d16} from the oracle");
+        eprintln!("{name}: |f32 - oracle| {d:.2e}, |int8 - int8 oracle| {d8:.2e}, |f16 KV - oracle| {d16:.2e}");
+    }
+}
+
+/// The state after N tokens does not depend on how the N tokens were fed:
+/// one call, pieces of any size, or token by token give the same logits
+/// (bit for bit: the conv window and the delta-rule matrix carry across
+/// calls).
+#[test]
+fn prefill_in_pieces_equals_prefill_in_one() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let ids = reference(&dir).full_ids;
+        let mut e = Engine::load(&dir, &exact_kv()).unwrap();
+        let whole = last_logits(&mut e, &ids);
+        for piece in [1usize, 3, 17, 64] {
+            let mut st = e.model.new_state();
+            let mut last = Vec::new();
+            for (i, chunk) in ids.chunks(piece).enumerate() {
+                last = e
+                    .model
+                    .forward(chunk, st.as_mut(), Tag::new(0, 1 + i as u64, 0), Logits::Last)
+                    .unwrap();
+            }
+            assert_eq!(st.len(), ids.len());
+            assert_eq!(last, whole, "{name}: pieces of {piece}");
+        }
+    }
+}
+
+/// A recurrent state cannot be cut at any position: `truncate` lands on the
+/// latest checkpoint at or before the asked length and says where; going
+/// on from there gives what a fresh state gives.
+#[test]
+fn truncation_lands_on_a_checkpoint_and_resumes_exactly() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let ids = reference(&dir).full_ids;
+        let n = reference(&dir).prompt_ids.len();
+        let mut e = Engine::load(&dir, &exact_kv()).unwrap();
+        let mut st = e.model.new_state();
+        e.model
+            .forward(&ids[..n], st.as_mut(), Tag::new(0, 1, 0), Logits::Last)
+            .unwrap();
+        e.model
+            .forward(&ids[n..], st.as_mut(), Tag::new(0, 2, 0), Logits::Last)
+            .unwrap();
+        for want in [ids.len() - 1, n, n - 1, n / 2, 0] {
+            let kept = st.truncate(want);
+            assert!(kept <= want, "{name}: asked {want}, kept {kept}");
+            assert_eq!(st.len(), kept, "{name}");
+            if want == n - 1 || want == n || want == 0 {
+                // A forward of m > 1 tokens checkpoints its start and the
+                // position before its last token.
+                assert_eq!(kept, want, "{name}: no checkpoint at {want}");
+            }
+            let resumed = e
+                .model
+                .forward(&ids[kept..], st.as_mut(), Tag::new(0, 3, 0), Logits::Last)
+                .unwrap();
+            assert_eq!(resumed, last_logits(&mut e, &ids), "{name}: resumed from {kept}");
+        }
+    }
+}
+
+/// Thread count changes speed, never tokens or logits.
+#[test]
+fn thread_count_does_not_change_logits() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let ids = reference(&dir).full_ids;
+        let mut e = Engine::load(&dir, &exact_kv()).unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| last_logits(&mut e, &ids));
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap()
+            .install(|| last_logits(&mut e, &ids));
+        assert_eq!(one, three, "{name}");
+    }
+}
+
+/// Hostile configs are refused with an error naming the field (for the
+/// multimodal release, the field inside `text_config`).
+#[test]
+fn hostile_configs_are_refused_by_name() {
+    use serde_json::json;
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, Option<serde_json::Value>)] = &[
+        ("qwen3-next-tiny", "linear_num_value_heads", Some(json!(3))),
+        ("qwen3-next-tiny", "linear_num_key_heads", Some(json!(0))),
+        ("qwen3-next-tiny", "linear_key_head_dim", None),
+        ("qwen3-next-tiny", "linear_conv_kernel_dim", Some(json!(1u64 << 40))),
+        ("qwen3-next-tiny", "layer_types", Some(json!(["linear_attention"]))),
+        (
+            "qwen3-next-tiny",
+            "layer_types",
+            Some(json!(["linear_attention", "mamba", "linear_attention", "full_attention", "linear_attention"])),
+        ),
+        ("qwen3-next-tiny", "shared_expert_intermediate_size", Some(json!(0))),
+        ("qwen3-next-tiny", "mlp_only_layers", Some(json!([0, 1, 2, 3, 4]))),
+        (
+            "qwen3-next-tiny",
+            "rope_parameters",
+            Some(json!({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.5})),
+        ),
+        ("qwen3-next-tiny", "attention_bias", Some(json!(true))),
+        ("qwen3-next-tiny", "hidden_act", Some(json!("relu"))),
+        ("qwen3-5-moe-tiny", "num_experts", None),
+        ("qwen3-5-moe-tiny", "linear_value_head_dim", Some(json!(-6))),
+        ("qwen3-5-moe-tiny", "num_key_value_heads", Some(json!(3))),
+        ("qwen3-5-moe-tiny", "head_dim", Some(json!(1u64 << 40))),
+    ];
+    for (i, (name, field, value)) in cases.iter().enumerate() {
+        let src = fixture(name);
+        let dir = tmp.path().join(format!("case{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (_, mut cfg) = colibri::config::read_json(&src).unwrap();
+        let text = if cfg.get("text_config").is_some() {
+            &mut cfg["text_config"]
+        } else {
+            &mut cfg
+        };
+        match value {
+            Some(v) => text[*field] = v.clone(),
+            None => {
+                text.as_object_mut().unwrap().remove(*field);
+            }
+        }
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+        let err = match Engine::load(&dir, &EngineOptions::default()) {
+            Ok(_) => panic!("{name}: {field}={value:?} was accepted"),
+            Err(e) => format!("{e:#}"),
+        };
+        let named = err.contains(field) || (*field == "rope_parameters" && err.contains("partial_rotary_factor"));
+        assert!(named, "{name}: {field}={value:?}: {err}");
+    }
+}
