@@ -2,7 +2,8 @@
 //! scalar definitions bit for bit: `dot_f32` against `ops::dot` (the
 //! reference attention scores were always computed with), `axpy` against
 //! `o += w * x`, the f16 cache read against `half`'s `to_f32` (every one of
-//! the 65,536 halves) and the q8 read against `q as f32 * d`. Bit equality,
+//! the 65,536 halves), the q8 read against `q as f32 * d` and the block
+//! product `gemm_acc` against its axpys in order. Bit equality,
 //! not a tolerance: the transformers-oracle tests check tokens exactly, so a
 //! kernel set must not change a single score.
 
@@ -104,6 +105,33 @@ proptest! {
             k.axpy(&mut got, w, &x);
             let (g, e): (Vec<u32>, Vec<u32>) = (got.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
             prop_assert_eq!(g, e, "{}: len {}", k.name, x.len());
+        }
+    }
+
+    /// The linear-attention block products: every tile shape and
+    /// remainder (rows not a multiple of 4, columns not of 32 / 16 / 8).
+    #[test]
+    fn gemm_acc_is_bit_identical_to_axpys_in_order(
+        (r, kk, d, o, a, b) in (0usize..11, 0usize..20, 1usize..70).prop_flat_map(|(r, kk, d)| (
+            Just(r), Just(kk), Just(d),
+            prop::collection::vec(value(), r * d),
+            prop::collection::vec(value(), r * kk),
+            prop::collection::vec(value(), kk * d),
+        ))
+    ) {
+        let mut want = o.clone();
+        for i in 0..r {
+            for m in 0..kk {
+                for j in 0..d {
+                    want[i * d + j] += a[i * kk + m] * b[m * d + j];
+                }
+            }
+        }
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+        for k in Kernels::available() {
+            let mut got = o.clone();
+            k.gemm_acc(&mut got, &a, &b, kk, d);
+            prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.clone(), "{}: {}x{}x{}", k.name, r, kk, d);
         }
     }
 

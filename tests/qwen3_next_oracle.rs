@@ -108,10 +108,9 @@ fn the_fixtures_exercise_both_forms_of_the_delta_rule() {
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
         assert!(cfg["transformers_version"].as_str().unwrap().starts_with("5."));
     }
-    let qwen35: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture("qwen3-5-moe-tiny/config.json")).unwrap(),
-    )
-    .unwrap();
+    let qwen35: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("qwen3-5-moe-tiny/config.json")).unwrap())
+            .unwrap();
     assert!(qwen35.get("text_config").is_some() && qwen35.get("vision_config").is_some());
 }
 
@@ -193,7 +192,10 @@ fn ref_logits(dir: &Path, key: &str) -> Vec<f32> {
 fn last_position_logits_are_close_to_transformers() {
     for name in FIXTURES {
         let dir = fixture(name);
-        let (f32_ref, int8_ref) = (ref_logits(&dir, "logits_last"), ref_logits(&dir, "int8_logits_last"));
+        let (f32_ref, int8_ref) = (
+            ref_logits(&dir, "logits_last"),
+            ref_logits(&dir, "int8_logits_last"),
+        );
         assert!(max_diff(&f32_ref, &int8_ref) > 0.1, "{name}");
         let mut e = Engine::load(&dir, &exact_kv()).unwrap();
         let d = max_diff(&last_logits(&mut e, &reference(&dir).full_ids), &f32_ref);
@@ -204,14 +206,17 @@ fn last_position_logits_are_close_to_transformers() {
         let mut e = Engine::load(&dir, &EngineOptions::default()).unwrap();
         let d16 = max_diff(&last_logits(&mut e, &reference(&dir).full_ids), &f32_ref);
         assert!(d16 < 1e-2, "{name}: f16-KV logits {d16} from the oracle");
-        eprintln!("{name}: |f32 - oracle| {d:.2e}, |int8 - int8 oracle| {d8:.2e}, |f16 KV - oracle| {d16:.2e}");
+        eprintln!(
+            "{name}: |f32 - oracle| {d:.2e}, |int8 - int8 oracle| {d8:.2e}, |f16 KV - oracle| {d16:.2e}"
+        );
     }
 }
 
-/// The state after N tokens does not depend on how the N tokens were fed:
-/// one call, pieces of any size, or token by token give the same logits
-/// (bit for bit: the conv window and the delta-rule matrix carry across
-/// calls).
+/// The state after N tokens does not depend on how the N tokens were fed.
+/// Forwards shorter than 65 tokens run the recurrent form throughout, so
+/// pieces of 1, 3 or 17 tokens give the same logits bit for bit; one call
+/// over all 92 prefills its first 91 in 64-token blocks (the chunked form),
+/// equal to those to rounding (1e-4).
 #[test]
 fn prefill_in_pieces_equals_prefill_in_one() {
     for name in FIXTURES {
@@ -219,7 +224,8 @@ fn prefill_in_pieces_equals_prefill_in_one() {
         let ids = reference(&dir).full_ids;
         let mut e = Engine::load(&dir, &exact_kv()).unwrap();
         let whole = last_logits(&mut e, &ids);
-        for piece in [1usize, 3, 17, 64] {
+        let mut by_pieces = Vec::new();
+        for piece in [1usize, 3, 17] {
             let mut st = e.model.new_state();
             let mut last = Vec::new();
             for (i, chunk) in ids.chunks(piece).enumerate() {
@@ -229,8 +235,16 @@ fn prefill_in_pieces_equals_prefill_in_one() {
                     .unwrap();
             }
             assert_eq!(st.len(), ids.len());
-            assert_eq!(last, whole, "{name}: pieces of {piece}");
+            by_pieces.push(last);
         }
+        assert_eq!(by_pieces[0], by_pieces[1], "{name}");
+        assert_eq!(by_pieces[0], by_pieces[2], "{name}");
+        let d = max_diff(&whole, &by_pieces[0]);
+        assert!(d < 1e-4, "{name}: chunked prefill {d} from token by token");
+        assert!(
+            d > 0.0,
+            "{name}: the 92-token forward did not take the chunked form"
+        );
     }
 }
 
@@ -264,7 +278,11 @@ fn truncation_lands_on_a_checkpoint_and_resumes_exactly() {
                 .model
                 .forward(&ids[kept..], st.as_mut(), Tag::new(0, 3, 0), Logits::Last)
                 .unwrap();
-            assert_eq!(resumed, last_logits(&mut e, &ids), "{name}: resumed from {kept}");
+            let fresh = last_logits(&mut e, &ids);
+            let d = max_diff(&resumed, &fresh);
+            // Resumed forwards of 65 tokens or more regroup the chunked
+            // blocks differently from the fresh 92-token one.
+            assert!(d < 1e-4, "{name}: resumed from {kept}: {d}");
         }
     }
 }
@@ -300,14 +318,32 @@ fn hostile_configs_are_refused_by_name() {
         ("qwen3-next-tiny", "linear_num_value_heads", Some(json!(3))),
         ("qwen3-next-tiny", "linear_num_key_heads", Some(json!(0))),
         ("qwen3-next-tiny", "linear_key_head_dim", None),
-        ("qwen3-next-tiny", "linear_conv_kernel_dim", Some(json!(1u64 << 40))),
-        ("qwen3-next-tiny", "layer_types", Some(json!(["linear_attention"]))),
+        (
+            "qwen3-next-tiny",
+            "linear_conv_kernel_dim",
+            Some(json!(1u64 << 40)),
+        ),
         (
             "qwen3-next-tiny",
             "layer_types",
-            Some(json!(["linear_attention", "mamba", "linear_attention", "full_attention", "linear_attention"])),
+            Some(json!(["linear_attention"])),
         ),
-        ("qwen3-next-tiny", "shared_expert_intermediate_size", Some(json!(0))),
+        (
+            "qwen3-next-tiny",
+            "layer_types",
+            Some(json!([
+                "linear_attention",
+                "mamba",
+                "linear_attention",
+                "full_attention",
+                "linear_attention"
+            ])),
+        ),
+        (
+            "qwen3-next-tiny",
+            "shared_expert_intermediate_size",
+            Some(json!(0)),
+        ),
         ("qwen3-next-tiny", "mlp_only_layers", Some(json!([0, 1, 2, 3, 4]))),
         (
             "qwen3-next-tiny",
@@ -343,7 +379,8 @@ fn hostile_configs_are_refused_by_name() {
             Ok(_) => panic!("{name}: {field}={value:?} was accepted"),
             Err(e) => format!("{e:#}"),
         };
-        let named = err.contains(field) || (*field == "rope_parameters" && err.contains("partial_rotary_factor"));
+        let named =
+            err.contains(field) || (*field == "rope_parameters" && err.contains("partial_rotary_factor"));
         assert!(named, "{name}: {field}={value:?}: {err}");
     }
 }

@@ -564,6 +564,33 @@ impl Kernels {
         }
     }
 
+    /// `out[i] += Σ_m a[i][m] · b[m]`: `out` is `r × d`, `a` `r × kk`, `b`
+    /// `kk × d`, row-major ([`scalar::gemm_acc`], the definition every set
+    /// equals bit for bit: per element the terms in the order of `m`, no
+    /// FMA). The linear-attention layers' block products.
+    #[inline]
+    pub fn gemm_acc(&self, out: &mut [f32], a: &[f32], b: &[f32], kk: usize, d: usize) {
+        let r = out.len() / d.max(1);
+        assert!(
+            out.len() == r * d && a.len() >= r * kk && b.len() >= kk * d,
+            "gemm_acc: operands of {} / {} / {} values for {r}x{kk} by {kk}x{d}",
+            out.len(),
+            a.len(),
+            b.len()
+        );
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only built after detecting AVX2; the
+            // lengths are checked above.
+            Isa::Avx2 => unsafe { x86::vec::gemm_acc_avx2(out, a, b, kk, d) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F;
+            // the lengths are checked above.
+            Isa::Avx512 => unsafe { x86::vec::gemm_acc_avx512(out, a, b, kk, d) },
+            _ => scalar::gemm_acc(out, a, b, kk, d),
+        }
+    }
+
     /// `out_i = src_i` as f32 over the common length (the f16 KV cache's
     /// read). Every half is exactly an f32, so this equals `half`'s
     /// `f16::to_f32` bit for bit, NaNs included (both quiet a signalling

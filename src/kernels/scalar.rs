@@ -112,3 +112,18 @@ pub fn dequant_i8(q: &[i8], d: f32, out: &mut [f32]) {
         *o = v as f32 * d;
     }
 }
+
+/// `out[i] += Σ_m a[i][m] · b[m]` for the `r` rows of `out` (`d` values
+/// each), `a` being `r × kk` and `b` `kk × d`, all row-major: per element,
+/// the terms in the order of `m`, each a rounded multiply then a rounded
+/// add (never fused). The definition the SIMD versions equal bit for bit.
+pub fn gemm_acc(out: &mut [f32], a: &[f32], b: &[f32], kk: usize, d: usize) {
+    if kk == 0 || d == 0 {
+        return;
+    }
+    for (o, ai) in out.chunks_exact_mut(d).zip(a.chunks_exact(kk)) {
+        for (m, &w) in ai.iter().enumerate() {
+            axpy(o, w, &b[m * d..(m + 1) * d]);
+        }
+    }
+}

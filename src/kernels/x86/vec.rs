@@ -328,3 +328,142 @@ pub(in crate::kernels) unsafe fn dequant_i8_avx2(q: &[i8], d: f32, out: &mut [f3
         *o = v as f32 * d;
     }
 }
+
+/// [`crate::kernels::scalar::gemm_acc`] bit for bit: tiles of 4 rows × 32
+/// columns held in registers over the whole `m` loop (then 4 × 16, then the
+/// scalar definition for what is left), so `b` is read once per 4 rows and
+/// `out` once per tile.
+///
+/// # Safety
+/// The CPU supports AVX-512F (and so AVX2); `out` holds `r·d` values for
+/// some `r`, `a` at least `r·kk`, `b` at least `kk·d`.
+#[target_feature(enable = "avx512f")]
+pub(in crate::kernels) unsafe fn gemm_acc_avx512(out: &mut [f32], a: &[f32], b: &[f32], kk: usize, d: usize) {
+    let r = out.len() / d.max(1);
+    assert!(a.len() >= r * kk && b.len() >= kk * d, "gemm_acc: short operands");
+    let (po, pa, pb) = (out.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+    let rows4 = r / 4 * 4;
+    let mut i = 0;
+    while i < rows4 {
+        let mut j = 0;
+        while j + 32 <= d {
+            // SAFETY: rows i..i+4 < r and columns j..j+32 <= d are inside
+            // `out` (r·d), `a` (r·kk) and `b` (kk·d), checked above.
+            unsafe {
+                let mut acc = [_mm512_setzero_ps(); 8];
+                for t in 0..4 {
+                    acc[2 * t] = _mm512_loadu_ps(po.add((i + t) * d + j));
+                    acc[2 * t + 1] = _mm512_loadu_ps(po.add((i + t) * d + j + 16));
+                }
+                for m in 0..kk {
+                    let b0 = _mm512_loadu_ps(pb.add(m * d + j));
+                    let b1 = _mm512_loadu_ps(pb.add(m * d + j + 16));
+                    for t in 0..4 {
+                        let w = _mm512_set1_ps(*pa.add((i + t) * kk + m));
+                        acc[2 * t] = _mm512_add_ps(acc[2 * t], _mm512_mul_ps(w, b0));
+                        acc[2 * t + 1] = _mm512_add_ps(acc[2 * t + 1], _mm512_mul_ps(w, b1));
+                    }
+                }
+                for t in 0..4 {
+                    _mm512_storeu_ps(po.add((i + t) * d + j), acc[2 * t]);
+                    _mm512_storeu_ps(po.add((i + t) * d + j + 16), acc[2 * t + 1]);
+                }
+            }
+            j += 32;
+        }
+        while j + 16 <= d {
+            // SAFETY: as above, for columns j..j+16 <= d.
+            unsafe {
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for (t, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(po.add((i + t) * d + j));
+                }
+                for m in 0..kk {
+                    let b0 = _mm512_loadu_ps(pb.add(m * d + j));
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let w = _mm512_set1_ps(*pa.add((i + t) * kk + m));
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(w, b0));
+                    }
+                }
+                for (t, a) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(po.add((i + t) * d + j), *a);
+                }
+            }
+            j += 16;
+        }
+        if j < d {
+            gemm_tail(out, a, b, kk, d, i..i + 4, j);
+        }
+        i += 4;
+    }
+    if i < r {
+        gemm_tail(out, a, b, kk, d, i..r, 0);
+    }
+}
+
+/// [`crate::kernels::scalar::gemm_acc`] bit for bit on AVX2: tiles of 4
+/// rows × 16 columns, then the scalar definition for what is left.
+///
+/// # Safety
+/// The CPU supports AVX2; operand lengths as for [`gemm_acc_avx512`].
+#[target_feature(enable = "avx2")]
+pub(in crate::kernels) unsafe fn gemm_acc_avx2(out: &mut [f32], a: &[f32], b: &[f32], kk: usize, d: usize) {
+    let r = out.len() / d.max(1);
+    assert!(a.len() >= r * kk && b.len() >= kk * d, "gemm_acc: short operands");
+    let (po, pa, pb) = (out.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+    let rows4 = r / 4 * 4;
+    let mut i = 0;
+    while i < rows4 {
+        let mut j = 0;
+        while j + 16 <= d {
+            // SAFETY: rows i..i+4 < r and columns j..j+16 <= d are inside
+            // every operand, checked above.
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for t in 0..4 {
+                    acc[2 * t] = _mm256_loadu_ps(po.add((i + t) * d + j));
+                    acc[2 * t + 1] = _mm256_loadu_ps(po.add((i + t) * d + j + 8));
+                }
+                for m in 0..kk {
+                    let b0 = _mm256_loadu_ps(pb.add(m * d + j));
+                    let b1 = _mm256_loadu_ps(pb.add(m * d + j + 8));
+                    for t in 0..4 {
+                        let w = _mm256_set1_ps(*pa.add((i + t) * kk + m));
+                        acc[2 * t] = _mm256_add_ps(acc[2 * t], _mm256_mul_ps(w, b0));
+                        acc[2 * t + 1] = _mm256_add_ps(acc[2 * t + 1], _mm256_mul_ps(w, b1));
+                    }
+                }
+                for t in 0..4 {
+                    _mm256_storeu_ps(po.add((i + t) * d + j), acc[2 * t]);
+                    _mm256_storeu_ps(po.add((i + t) * d + j + 8), acc[2 * t + 1]);
+                }
+            }
+            j += 16;
+        }
+        if j < d {
+            gemm_tail(out, a, b, kk, d, i..i + 4, j);
+        }
+        i += 4;
+    }
+    if i < r {
+        gemm_tail(out, a, b, kk, d, i..r, 0);
+    }
+}
+
+/// The scalar definition for `rows` and the columns from `col` on.
+fn gemm_tail(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    kk: usize,
+    d: usize,
+    rows: std::ops::Range<usize>,
+    col: usize,
+) {
+    for i in rows {
+        let o = &mut out[i * d + col..(i + 1) * d];
+        for m in 0..kk {
+            crate::kernels::scalar::axpy(o, a[i * kk + m], &b[m * d + col..(m + 1) * d]);
+        }
+    }
+}

@@ -7,6 +7,16 @@
 //! `g = -exp(A_log) · softplus(W_a x + dt_bias)`, the delta rule
 //! ([`super::delta_rule`]) from q, k, v, g, beta, then a per-head RMSNorm
 //! gated by `silu(W_z x)` and the output projection.
+//!
+//! Which form of the delta rule runs: the last token of every forward, and
+//! every token of a forward shorter than [`delta_rule::CHUNK`] + 1 tokens,
+//! go through the recurrent form; the tokens before the last of a longer
+//! forward (a prompt, a prefill chunk) through the chunked form. So decode,
+//! draft verification and short turns are bit for bit what token-by-token
+//! decoding gives, and a long prompt is prefilled in blocks; the two forms
+//! agree to rounding (as transformers' do), so where a long prompt is split
+//! differently (prefix reuse, another prefill chunk size that is not a
+//! multiple of 64) logits can move by rounding.
 
 use super::config::LinearShape;
 use super::delta_rule::{self, DeltaInputs, DeltaShape};
@@ -114,6 +124,9 @@ pub fn forward(
             g: &gs[from * nv..to * nv],
             beta: &bs[from * nv..to * nv],
         };
+        // Where this forward starts: the full-attention cache commits its
+        // positions only after every layer has run.
+        let start = st.kv.len();
         let state = &mut st.linear[linear].delta;
         if m == 1 {
             delta_rule::recurrent(shape, inputs(0, 1), state, out);
@@ -121,7 +134,11 @@ pub fn forward(
             // Up to the last token, then a copy for the checkpoint before
             // it (see `HybridState`), then the last token.
             let (head_out, last_out) = out.split_at_mut((m - 1) * vdim);
-            delta_rule::recurrent(shape, inputs(0, m - 1), state, head_out);
+            if m > delta_rule::CHUNK {
+                delta_rule::chunked(shape, inputs(0, m - 1), start, state, head_out);
+            } else {
+                delta_rule::recurrent(shape, inputs(0, m - 1), state, head_out);
+            }
             let snapshot = LinearState {
                 conv: conv_before_last,
                 delta: st.linear[linear].delta.clone(),
