@@ -330,9 +330,9 @@ pub(in crate::kernels) unsafe fn dequant_i8_avx2(q: &[i8], d: f32, out: &mut [f3
 }
 
 /// [`crate::kernels::scalar::gemm_acc`] bit for bit: tiles of 4 rows × 32
-/// columns held in registers over the whole `m` loop (then 4 × 16, then the
-/// scalar definition for what is left), so `b` is read once per 4 rows and
-/// `out` once per tile.
+/// columns held in registers over the whole `m` loop, so `b` is read once
+/// per 4 rows and `out` once per tile; what is left over goes row by row
+/// through [`gemm_rest`].
 ///
 /// # Safety
 /// The CPU supports AVX-512F (and so AVX2); `out` holds `r·d` values for
@@ -371,38 +371,20 @@ pub(in crate::kernels) unsafe fn gemm_acc_avx512(out: &mut [f32], a: &[f32], b: 
             }
             j += 32;
         }
-        while j + 16 <= d {
-            // SAFETY: as above, for columns j..j+16 <= d.
-            unsafe {
-                let mut acc = [_mm512_setzero_ps(); 4];
-                for (t, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_loadu_ps(po.add((i + t) * d + j));
-                }
-                for m in 0..kk {
-                    let b0 = _mm512_loadu_ps(pb.add(m * d + j));
-                    for (t, a) in acc.iter_mut().enumerate() {
-                        let w = _mm512_set1_ps(*pa.add((i + t) * kk + m));
-                        *a = _mm512_add_ps(*a, _mm512_mul_ps(w, b0));
-                    }
-                }
-                for (t, a) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(po.add((i + t) * d + j), *a);
-                }
-            }
-            j += 16;
-        }
         if j < d {
-            gemm_tail(out, a, b, kk, d, i..i + 4, j);
+            // SAFETY: AVX-512F is present (this function's contract).
+            unsafe { gemm_rest(out, a, b, kk, d, i..i + 4, j, axpy4_avx512, axpy_avx512) };
         }
         i += 4;
     }
     if i < r {
-        gemm_tail(out, a, b, kk, d, i..r, 0);
+        // SAFETY: as above.
+        unsafe { gemm_rest(out, a, b, kk, d, i..r, 0, axpy4_avx512, axpy_avx512) };
     }
 }
 
 /// [`crate::kernels::scalar::gemm_acc`] bit for bit on AVX2: tiles of 4
-/// rows × 16 columns, then the scalar definition for what is left.
+/// rows × 16 columns, then [`gemm_rest`] for what is left.
 ///
 /// # Safety
 /// The CPU supports AVX2; operand lengths as for [`gemm_acc_avx512`].
@@ -441,17 +423,32 @@ pub(in crate::kernels) unsafe fn gemm_acc_avx2(out: &mut [f32], a: &[f32], b: &[
             j += 16;
         }
         if j < d {
-            gemm_tail(out, a, b, kk, d, i..i + 4, j);
+            // SAFETY: AVX2 is present (this function's contract).
+            unsafe { gemm_rest(out, a, b, kk, d, i..i + 4, j, axpy4_avx2, axpy_avx2) };
         }
         i += 4;
     }
     if i < r {
-        gemm_tail(out, a, b, kk, d, i..r, 0);
+        // SAFETY: as above.
+        unsafe { gemm_rest(out, a, b, kk, d, i..r, 0, axpy4_avx2, axpy_avx2) };
     }
 }
 
-/// The scalar definition for `rows` and the columns from `col` on.
-fn gemm_tail(
+/// An axpy of four rows at once and of one, of one kernel set.
+type Axpy4 = unsafe fn(&mut [f32], [f32; 4], [&[f32]; 4]);
+type Axpy1 = unsafe fn(&mut [f32], f32, &[f32]);
+
+/// The rows `rows` of a [`crate::kernels::scalar::gemm_acc`] from column
+/// `col` on, row by row as the axpys of the definition in the order of `m`
+/// (four at a time, `out` read once per four; bit for bit the same, see
+/// [`axpy4_avx2`]). Also the whole product where `out` has a single row
+/// (the recurrent delta rule's).
+///
+/// # Safety
+/// The CPU supports the set `axpy4` and `axpy` belong to; `a` holds the
+/// rows' `kk` coefficients, `b` `kk` rows of `d`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_rest(
     out: &mut [f32],
     a: &[f32],
     b: &[f32],
@@ -459,11 +456,29 @@ fn gemm_tail(
     d: usize,
     rows: std::ops::Range<usize>,
     col: usize,
+    axpy4: Axpy4,
+    axpy: Axpy1,
 ) {
+    let row = |m: usize| &b[m * d + col..(m + 1) * d];
     for i in rows {
         let o = &mut out[i * d + col..(i + 1) * d];
-        for m in 0..kk {
-            crate::kernels::scalar::axpy(o, a[i * kk + m], &b[m * d + col..(m + 1) * d]);
+        let w = &a[i * kk..(i + 1) * kk];
+        let mut m = 0;
+        while m + 4 <= kk {
+            // SAFETY: the caller guarantees the set; every row has `o.len()` values.
+            unsafe {
+                axpy4(
+                    o,
+                    [w[m], w[m + 1], w[m + 2], w[m + 3]],
+                    [row(m), row(m + 1), row(m + 2), row(m + 3)],
+                )
+            };
+            m += 4;
+        }
+        while m < kk {
+            // SAFETY: as above.
+            unsafe { axpy(o, w[m], row(m)) };
+            m += 1;
         }
     }
 }

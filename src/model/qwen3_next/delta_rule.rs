@@ -66,14 +66,8 @@ impl DeltaInputs<'_> {
 pub fn recurrent(s: DeltaShape, x: DeltaInputs<'_>, state: &mut [f32], out: &mut [f32]) {
     let n = x.tokens(s);
     let (h, dk, dv) = (s.heads, s.dk, s.dv);
-    let mut per_head: Vec<(usize, &mut [f32], Vec<f32>)> = state
-        .chunks_exact_mut(dk * dv)
-        .enumerate()
-        .map(|(i, st)| (i, st, vec![0f32; n * dv]))
-        .collect();
     let kern = dispatch();
-    per_head.par_iter_mut().for_each(|(hd, st, o)| {
-        let hd = *hd;
+    per_head(s, n, state, out, |hd, st, o| {
         let mut kv = vec![0f32; dv];
         for t in 0..n {
             let q = &x.q[(t * h + hd) * dk..(t * h + hd + 1) * dk];
@@ -85,7 +79,7 @@ pub fn recurrent(s: DeltaShape, x: DeltaInputs<'_>, state: &mut [f32], out: &mut
                 *a *= decay;
             }
             kv.fill(0.0);
-            rows_axpy(&kern, &mut kv, k, st);
+            kern.gemm_acc(&mut kv, k, st, dk, dv);
             for (a, &vj) in kv.iter_mut().zip(v) {
                 *a = (vj - *a) * beta;
             }
@@ -94,34 +88,32 @@ pub fn recurrent(s: DeltaShape, x: DeltaInputs<'_>, state: &mut [f32], out: &mut
             }
             let row = &mut o[t * dv..(t + 1) * dv];
             row.fill(0.0);
-            rows_axpy(&kern, row, q, st);
+            kern.gemm_acc(row, q, st, dk, dv);
         }
     });
-    for (hd, _, o) in &per_head {
+}
+
+/// Runs `head(index, state, out)` for every head in parallel, `state` the
+/// head's `[dk, dv]` and `out` its own `[n, dv]` outputs, then interleaves
+/// those into `out` (`[n, heads, dv]`).
+fn per_head(
+    s: DeltaShape,
+    n: usize,
+    state: &mut [f32],
+    out: &mut [f32],
+    head: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+) {
+    let (h, dv) = (s.heads, s.dv);
+    let mut heads: Vec<(usize, &mut [f32], Vec<f32>)> = state
+        .chunks_exact_mut(s.dk * dv)
+        .enumerate()
+        .map(|(i, st)| (i, st, vec![0f32; n * dv]))
+        .collect();
+    heads.par_iter_mut().for_each(|(hd, st, o)| head(*hd, st, o));
+    for (hd, _, o) in &heads {
         for t in 0..n {
             out[(t * h + hd) * dv..(t * h + hd + 1) * dv].copy_from_slice(&o[t * dv..(t + 1) * dv]);
         }
-    }
-}
-
-/// `out += Σ_m w[m] · rows[m]` (rows of `out.len()` values), in the order of
-/// `m`: [`Kernels::axpy_x4`] four rows at a time is those four axpys bit
-/// for bit, with `out` read and written once per four.
-fn rows_axpy(kern: &Kernels, out: &mut [f32], w: &[f32], rows: &[f32]) {
-    let d = out.len();
-    let mut m = 0;
-    while m + 4 <= w.len() {
-        let r = |j: usize| &rows[(m + j) * d..(m + j + 1) * d];
-        kern.axpy_x4(
-            out,
-            [w[m], w[m + 1], w[m + 2], w[m + 3]],
-            [r(0), r(1), r(2), r(3)],
-        );
-        m += 4;
-    }
-    while m < w.len() {
-        kern.axpy(out, w[m], &rows[m * d..(m + 1) * d]);
-        m += 1;
     }
 }
 
@@ -132,15 +124,9 @@ fn rows_axpy(kern: &Kernels, out: &mut [f32], w: &[f32], rows: &[f32]) {
 /// whatever the thread count.
 pub fn chunked(s: DeltaShape, x: DeltaInputs<'_>, start: usize, state: &mut [f32], out: &mut [f32]) {
     let n = x.tokens(s);
-    let (h, dk, dv) = (s.heads, s.dk, s.dv);
-    let mut per_head: Vec<(usize, &mut [f32], Vec<f32>)> = state
-        .chunks_exact_mut(dk * dv)
-        .enumerate()
-        .map(|(i, st)| (i, st, vec![0f32; n * dv]))
-        .collect();
+    let (dk, dv) = (s.dk, s.dv);
     let kern = dispatch();
-    per_head.par_iter_mut().for_each(|(hd, st, o)| {
-        let hd = *hd;
+    per_head(s, n, state, out, |hd, st, o| {
         let mut scratch = Block::new(dk, dv, kern);
         let mut t0 = 0;
         while t0 < n {
@@ -150,11 +136,6 @@ pub fn chunked(s: DeltaShape, x: DeltaInputs<'_>, start: usize, state: &mut [f32
             t0 += len;
         }
     });
-    for (hd, _, o) in &per_head {
-        for t in 0..n {
-            out[(t * h + hd) * dv..(t * h + hd + 1) * dv].copy_from_slice(&o[t * dv..(t + 1) * dv]);
-        }
-    }
 }
 
 /// One head's block of up to [`CHUNK`] tokens, gathered contiguously, with
@@ -170,15 +151,17 @@ struct Block {
     beta: Vec<f32>,
     /// Cumulative log decay within the block, `G_i = Σ_{j≤i} g_j`.
     cum: Vec<f32>,
-    /// `[len, len]`, lower triangle: first the correction system, then
-    /// its inverse `T = (I + A)⁻¹`, then the decayed query-key scores.
+    /// `[len, CHUNK]`, strict lower triangle: first the correction system,
+    /// then the strict lower triangle of its inverse `T` (see `run`).
     tri: Vec<f32>,
     /// `T·(β v)` then minus the state's prediction: the block's new values.
     u: Vec<f32>,
-    /// `T·(β k e^G)`: what each token's correction takes from the state.
+    /// `T·(β k e^G)` (then negated): what each token's correction takes
+    /// from the state.
     w: Vec<f32>,
+    /// One row of dot products (or of `tri`, during the substitution).
     row: Vec<f32>,
-    /// `[len, len]`, lower triangle: `e^{G_i - G_j}`, the decay from token
+    /// `[len, CHUNK]`, lower triangle: `e^{G_i - G_j}`, the decay from token
     /// j to token i (computed once per block: the exponentials would
     /// otherwise cost more than the products).
     decay: Vec<f32>,
@@ -322,14 +305,14 @@ impl Block {
         kern.gemm_acc(o, cm, u, l, dv);
         // S ← e^{G_last} S + Σ_j (e^{G_last - G_j} k_j) ⊗ u_j: row m of S
         // from column m of the decayed keys.
-        let last = self.cum[l - 1];
-        let decay = last.exp();
+        // (Both decays are already in `egc` and the last row of `decay`.)
+        let to_end = &self.decay[(l - 1) * c..(l - 1) * c + l];
+        let whole = self.egc[l - 1];
         for a in st.iter_mut() {
-            *a *= decay;
+            *a *= whole;
         }
         let kd = &mut self.kd[..dk * l];
-        for j in 0..l {
-            let f = (last - self.cum[j]).exp();
+        for (j, &f) in to_end.iter().enumerate() {
             for m in 0..dk {
                 kd[m * l + j] = self.k[j * dk + m] * f;
             }
@@ -358,13 +341,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Inputs as the layer makes them: unit-norm keys, scaled queries,
-    /// decays in (0, 1], strengths in (0, 1).
     /// q, k, v, g, beta.
     type Owned = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
     /// (outputs, final state).
     type Run = (Vec<f32>, Vec<f32>);
 
+    /// Inputs as the layer makes them: unit-norm keys, scaled queries,
+    /// decays in (0, 1], strengths in (0, 1).
     fn inputs(seed: u64, n: usize, s: DeltaShape) -> Owned {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut r = move || {
