@@ -26,7 +26,16 @@ fn fixtures() -> Vec<PathBuf> {
 }
 
 fn check(dir: &Path, opts: &EngineOptions, max_greedy_miss: usize, max_tf_miss: usize) {
-    let r = Reference::load(&dir.join("REF.json")).unwrap();
+    let mut r = Reference::load(&dir.join("REF.json")).unwrap();
+    // Int8 weights are measured against transformers on the same int8
+    // round-tripped weights where the fixture carries that oracle: the tiny
+    // random checkpoints of the newer families have margins narrower than
+    // int8's rounding, so their f32 oracle says nothing about int8.
+    if opts.expert_bits == 8
+        && let Some(int8) = r.int8()
+    {
+        r = int8;
+    }
     let mut engine = Engine::load(dir, opts).unwrap();
     let (ok, total) = greedy(&mut engine, &r).unwrap();
     assert!(
@@ -95,7 +104,12 @@ fn int8_activations_stay_close_to_the_oracle() {
     // is held to its int8 round-trip oracle exactly on the f32-activation
     // path instead, and to one position in eight here
     // (tests/glm4_gptoss_oracle.rs).
-    for dir in fixtures().into_iter().filter(|d| !d.ends_with("glm4-moe-tiny")) {
+    // The Qwen3-Next fixtures likewise (tests/qwen3_next_oracle.rs).
+    let narrow = ["glm4-moe-tiny", "qwen3-next-tiny", "qwen3-5-moe-tiny"];
+    for dir in fixtures()
+        .into_iter()
+        .filter(|d| !narrow.iter().any(|n| d.ends_with(n)))
+    {
         check(&dir, &opts, 1, 2);
     }
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/colibri-tiny");
