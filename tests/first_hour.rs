@@ -575,14 +575,10 @@ fn a_closed_stdout_ends_run_quietly() {
 
 /// Tokens slot 0's state file in `dir` holds, read as the engine reads it.
 fn saved_tokens(dir: &Path) -> usize {
-    use colibri::engine::{Engine, EngineOptions, kv_layout};
+    use colibri::engine::{Engine, EngineOptions, state_layout};
     use colibri_actors::kv::{KvFile, slot_path};
     let engine = Engine::load(&tiny_chat_model(), &EngineOptions::default()).expect("model");
-    let layout = kv_layout(
-        engine.state_fingerprint(),
-        engine.model.new_state().record_bytes(),
-        engine.model.new_state().payload_kind(),
-    );
+    let layout = state_layout(engine.state_fingerprint(), engine.model.new_state().as_ref());
     // Read a copy: opening may rewrite headers.
     let copy = tempfile::tempdir().expect("tmp");
     let path = slot_path(copy.path(), 0);

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use colibri::engine::{Engine, EngineOptions, kv_layout};
+use colibri::engine::{Engine, EngineOptions, state_layout};
 use colibri::tokenizer::Tokenizer;
 use colibri_actors::kv::{KvFile, KvLoad, slot_path};
 use support::{Reply, Server, state_dir, tiny_chat_model};
@@ -62,11 +62,7 @@ fn prompts(model: &Path) -> (Vec<Vec<u8>>, Vec<Reply>) {
 /// of the conversations (prompt tokens first, then generated ones).
 fn assert_consistent_prefix(dir: &Path, model: &Path, prompt_ids: &[Vec<u32>]) -> usize {
     let engine = Engine::load(model, &EngineOptions::default()).expect("loading the model");
-    let layout = kv_layout(
-        engine.state_fingerprint(),
-        engine.model.new_state().record_bytes(),
-        engine.model.new_state().payload_kind(),
-    );
+    let layout = state_layout(engine.state_fingerprint(), engine.model.new_state().as_ref());
     let copy = state_dir();
     let path = slot_path(copy.path(), 0);
     // Read a copy: opening creates and may rewrite headers.

@@ -21,6 +21,7 @@ const LAYOUT: KvLayout = KvLayout {
     fingerprint: 42,
     payload_bytes: 8,
     payload_kind: 0,
+    state_bytes: 0,
 };
 /// 4-byte token + 8-byte payload.
 const RECORD: usize = 12;
@@ -31,6 +32,8 @@ enum Op {
     Append(usize, u64, Vec<u32>),
     Truncate(usize, u64),
     Reset(usize),
+    /// slot, at
+    SaveState(usize, u64),
 }
 
 fn tokens_of(records: &KvRecords) -> Vec<u32> {
@@ -79,6 +82,10 @@ impl KvSink for GatedSink {
     }
     fn reset(&mut self, slot: usize) -> Result<(), KvError> {
         self.gate(Op::Reset(slot));
+        Ok(())
+    }
+    fn save_state(&mut self, slot: usize, at: u64, _: &[u8]) -> Result<(), KvError> {
+        self.gate(Op::SaveState(slot, at));
         Ok(())
     }
 }
@@ -161,7 +168,7 @@ fn a_stalled_writer_makes_the_sender_wait_and_loses_nothing() {
                 match unmergeable(i) {
                     Op::Append(slot, at, t) => handle.append(slot, at, one_record(t[0])).unwrap(),
                     Op::Truncate(slot, len) => handle.truncate(slot, len).unwrap(),
-                    Op::Reset(_) => unreachable!(),
+                    Op::Reset(_) | Op::SaveState(..) => unreachable!(),
                 }
                 done.fetch_add(1, Ordering::SeqCst);
             }
@@ -401,6 +408,9 @@ impl KvSink for PanickingSink {
         Ok(())
     }
     fn reset(&mut self, _: usize) -> Result<(), KvError> {
+        Ok(())
+    }
+    fn save_state(&mut self, _: usize, _: u64, _: &[u8]) -> Result<(), KvError> {
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ const LAYOUT: KvLayout = KvLayout {
     fingerprint: 0xC0117,
     payload_bytes: 4096,
     payload_kind: 0,
+    state_bytes: 0,
 };
 const CHILD_ENV: &str = "COLI_KV_CRASH_CHILD";
 const STREAM_CHILD_ENV: &str = "COLI_KV_STREAM_CHILD";

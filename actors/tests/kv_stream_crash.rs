@@ -25,6 +25,7 @@ const LAYOUT: KvLayout = KvLayout {
     fingerprint: 0x5713,
     payload_bytes: 28,
     payload_kind: 0,
+    state_bytes: 0,
 };
 const RECORD: usize = 32;
 const N: u64 = 120;
@@ -102,6 +103,11 @@ impl KvSink for StoppingSink {
     }
     fn reset(&mut self, slot: usize) -> Result<(), KvError> {
         let r = KvSink::reset(&mut self.files, slot);
+        self.after();
+        r
+    }
+    fn save_state(&mut self, slot: usize, at: u64, bytes: &[u8]) -> Result<(), KvError> {
+        let r = KvSink::save_state(&mut self.files, slot, at, bytes);
         self.after();
         r
     }

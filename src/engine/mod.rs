@@ -15,7 +15,7 @@ pub use model_files::{ModelFiles, ModelFilesError};
 
 pub use generate::{GenStats, Session, StopReason};
 pub use options::{DEFAULT_KV_TYPES, EngineOptions, Placement, PromptCacheSize};
-pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout};
+pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout, state_layout};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -21,21 +21,38 @@ use colibri_actors::kv::{
 
 use super::Session;
 use crate::model::kv_cache::KvTypes;
-use crate::model::lm::fingerprint;
+use crate::model::lm::{SequenceState, fingerprint};
 
 /// Version of the record payload this engine writes (what
 /// `SequenceState::position_bytes` produces); mixed into the fingerprint so a
 /// payload layout change invalidates older files.
 pub const RECORD_FORMAT_VERSION: u64 = 1;
 
-/// The layout of a state file for a model fingerprint, a record size and
-/// the payload's kind (`SequenceState::payload_kind`: the KV cache types).
-pub fn kv_layout(model_fingerprint: u64, payload_bytes: usize, payload_kind: u32) -> KvLayout {
+/// The layout of a state file for a model fingerprint, a record size, the
+/// payload's kind (`SequenceState::payload_kind`: the KV cache types) and
+/// the size of the recurrent part saved whole (`SequenceState::recurrent_bytes`).
+pub fn kv_layout(
+    model_fingerprint: u64,
+    payload_bytes: usize,
+    payload_kind: u32,
+    state_bytes: usize,
+) -> KvLayout {
     KvLayout {
         fingerprint: fingerprint(&[model_fingerprint, RECORD_FORMAT_VERSION]),
         payload_bytes,
         payload_kind,
+        state_bytes,
     }
+}
+
+/// The layout of the state files of sequences like `state`.
+pub fn state_layout(model_fingerprint: u64, state: &dyn SequenceState) -> KvLayout {
+    kv_layout(
+        model_fingerprint,
+        state.record_bytes(),
+        state.payload_kind(),
+        state.recurrent_bytes(),
+    )
 }
 
 /// A payload kind as `--kv-type` spells it, for messages.
@@ -50,6 +67,9 @@ pub struct SlotStore {
     /// Positions of each slot already sent to the actor (= its file's count
     /// once the queue is applied).
     persisted: Vec<usize>,
+    /// Where each slot's recurrent state was last sent to be saved (states
+    /// with a recurrent part only).
+    saved_state: Vec<Option<usize>>,
     dir: PathBuf,
 }
 
@@ -71,13 +91,10 @@ impl SlotStore {
         diag: &mut dyn Write,
     ) -> Option<Self> {
         let first = slots.first()?;
-        let layout = kv_layout(
-            model_fingerprint,
-            first.kv.record_bytes(),
-            first.kv.payload_kind(),
-        );
+        let layout = state_layout(model_fingerprint, first.kv.as_ref());
         let mut files = Vec::with_capacity(slots.len());
         let mut persisted = Vec::with_capacity(slots.len());
+        let mut saved_state = Vec::with_capacity(slots.len());
         for (i, session) in slots.iter_mut().enumerate() {
             let path = slot_path(dir, i);
             let mut ok = true;
@@ -120,6 +137,18 @@ impl SlotStore {
                     ),
                 ),
                 KvLoad::Loaded { records, declared } => {
+                    // A recurrent part is saved at the position the loaded
+                    // records end; without it (or when it does not fit this
+                    // state) the records alone cannot be used.
+                    if layout.state_bytes > 0 {
+                        let state = file.take_state();
+                        let fits = state
+                            .as_ref()
+                            .is_some_and(|(at, _)| *at as usize == session.kv.len());
+                        if !(fits && state.is_some_and(|(_, bytes)| session.kv.load_recurrent(&bytes))) {
+                            session.reset();
+                        }
+                    }
                     if records < declared {
                         note(
                             diag,
@@ -154,6 +183,7 @@ impl SlotStore {
                     note(diag, &format!("coli: {e}"));
                 }
             }
+            saved_state.push((layout.state_bytes > 0 && held > 0).then_some(held));
             files.push(file);
             persisted.push(held);
         }
@@ -162,6 +192,7 @@ impl SlotStore {
                 handle,
                 layout,
                 persisted,
+                saved_state,
                 dir: dir.to_path_buf(),
             }),
             Err(e) => {
@@ -191,6 +222,7 @@ impl SlotStore {
         let have = session.kv.len().min(session.tokens.len());
         if have < done {
             self.persisted[slot] = have;
+            self.forget_state_above(slot, have);
             return self.handle.truncate(slot, have as u64);
         }
         let record = self.layout.record_size();
@@ -209,19 +241,55 @@ impl SlotStore {
         Ok(())
     }
 
-    /// Ends a turn without waiting for the disk: queues what
-    /// [`SlotStore::append_new`] has not, and returns the first write error
-    /// the actor met since the last check or flush.
-    pub fn end_turn(&mut self, slot: usize, session: &Session) -> Result<(), KvError> {
+    fn forget_state_above(&mut self, slot: usize, len: usize) {
+        if let Some(s) = self.saved_state.get_mut(slot)
+            && s.is_some_and(|at| at > len)
+        {
+            *s = None;
+        }
+    }
+
+    /// Queues the positions not yet queued and, for a state with a
+    /// recurrent part, that part as it is now (unless it was already saved
+    /// at this length). The recurrent part is the size of the whole state
+    /// of those layers, so it is saved at turn boundaries rather than every
+    /// step: a crash loses what was computed since, and the next turn
+    /// computes it again.
+    pub fn save_state(&mut self, slot: usize, session: &Session) -> Result<(), KvError> {
         self.append_new(slot, session)?;
+        if self.layout.state_bytes == 0 {
+            return Ok(());
+        }
+        let Some(&done) = self.persisted.get(slot) else {
+            return Ok(());
+        };
+        let at = session.kv.len();
+        if at == 0 || at != done || self.saved_state.get(slot) == Some(&Some(at)) {
+            return Ok(());
+        }
+        let Some(bytes) = session.kv.save_recurrent() else {
+            return Ok(());
+        };
+        self.handle.save_state(slot, at as u64, bytes)?;
+        self.saved_state[slot] = Some(at);
+        Ok(())
+    }
+
+    /// Ends a turn without waiting for the disk: queues what
+    /// [`SlotStore::append_new`] has not (and the recurrent part, see
+    /// [`SlotStore::save_state`]), and returns the first write error the
+    /// actor met since the last check or flush.
+    pub fn end_turn(&mut self, slot: usize, session: &Session) -> Result<(), KvError> {
+        self.save_state(slot, session)?;
         self.handle.check()
     }
 
-    /// Queues new positions, then waits until everything queued (every
-    /// slot) is on disk. Not needed for correctness (queued positions reach
-    /// the disk anyway); for callers that need durability now.
+    /// Queues new positions (and the recurrent part), then waits until
+    /// everything queued (every slot) is on disk. Not needed for
+    /// correctness (queued positions reach the disk anyway); for callers
+    /// that need durability now.
     pub fn persist(&mut self, slot: usize, session: &Session) -> Result<(), KvError> {
-        self.append_new(slot, session)?;
+        self.save_state(slot, session)?;
         self.handle.flush()
     }
 
@@ -244,6 +312,7 @@ impl SlotStore {
             && len < *done
         {
             *done = len;
+            self.forget_state_above(slot, len);
             return self.handle.truncate(slot, len as u64);
         }
         Ok(())
@@ -254,6 +323,7 @@ impl SlotStore {
         if let Some(done) = self.persisted.get_mut(slot) {
             *done = 0;
         }
+        self.forget_state_above(slot, 0);
         self.handle.reset(slot)
     }
 
@@ -475,7 +545,7 @@ mod tests {
     fn restored_while_open(dir: &Path) -> u64 {
         let copy = tempfile::tempdir().unwrap();
         std::fs::copy(slot_path(dir, 0), slot_path(copy.path(), 0)).unwrap();
-        let layout = kv_layout(0x5107, PAYLOAD, 0);
+        let layout = kv_layout(0x5107, PAYLOAD, 0, 0);
         let (f, _) = KvFile::open(&slot_path(copy.path(), 0), layout, &mut |_, _| {}).unwrap();
         f.len()
     }

@@ -50,6 +50,12 @@ pub fn all_targets() -> Vec<Target> {
             check: kv_check,
         },
         Target {
+            name: "coli-kv-recurrent",
+            seeds: kv_state_seeds,
+            mutate: bytes_mutate,
+            check: kv_state_check,
+        },
+        Target {
             name: "serve-frames",
             seeds: frame_seeds,
             mutate: bytes_mutate,
@@ -255,6 +261,7 @@ const KV_LAYOUT: KvLayout = KvLayout {
     fingerprint: 0xF022,
     payload_bytes: 12,
     payload_kind: 0,
+    state_bytes: 0,
 };
 
 fn kv_records(tokens: std::ops::Range<u32>) -> Option<KvRecords> {
@@ -289,6 +296,131 @@ fn kv_seeds() -> Vec<Vec<u8>> {
         kv_image(&[(0, 0..3)]),
         kv_image(&[(0, 0..5), (5, 5..7), (2, 20..22)]),
     ]
+}
+
+/// A state file with a recurrent part (40 bytes, so both areas and the
+/// records sit in the first sectors a mutation touches).
+const KV_STATE_LAYOUT: KvLayout = KvLayout {
+    fingerprint: 0xF023,
+    payload_bytes: 12,
+    payload_kind: 0,
+    state_bytes: 40,
+};
+
+fn kv_state_records(tokens: std::ops::Range<u32>) -> Option<KvRecords> {
+    let mut r = KvRecords::new(KV_STATE_LAYOUT);
+    for t in tokens {
+        r.push(t, &[t as u8; 12]).ok()?;
+    }
+    Some(r)
+}
+
+/// The recurrent part saved after `n` records: it names its position.
+fn kv_state_bytes(n: u64) -> Vec<u8> {
+    (0..KV_STATE_LAYOUT.state_bytes)
+        .map(|i| (n as u8) ^ (i as u8))
+        .collect()
+}
+
+/// Appends (`Some(range)` at its position) and saves (`None`: after what
+/// is held), through the real writer.
+fn kv_state_image(steps: &[(u64, Option<std::ops::Range<u32>>)]) -> Vec<u8> {
+    let (storage, log) = RecordingStorage::new(Vec::new());
+    let Ok((mut f, _)) = KvFile::open_storage(
+        Box::new(storage),
+        Path::new("seed"),
+        KV_STATE_LAYOUT,
+        &mut |_, _| {},
+    ) else {
+        return Vec::new();
+    };
+    for (at, toks) in steps {
+        let _ = match toks {
+            Some(t) => kv_state_records(t.clone()).map(|r| f.append(*at, &r)),
+            None => Some(f.save_state(*at, &kv_state_bytes(*at))),
+        };
+    }
+    drop(f);
+    let ops = log.lock().clone();
+    replay(Vec::new(), &ops)
+}
+
+fn kv_state_seeds() -> Vec<Vec<u8>> {
+    vec![
+        kv_state_image(&[(0, Some(0..3)), (3, None)]),
+        kv_state_image(&[
+            (0, Some(0..5)),
+            (5, None),
+            (5, Some(5..7)),
+            (7, None),
+            (2, Some(20..22)),
+        ]),
+    ]
+}
+
+/// Loading never panics; what loads ends exactly at a recurrent part
+/// whose bytes are whole; records load only with one; and a save after an
+/// append is what the next load sees.
+fn kv_state_check(input: &[u8]) -> Verdict {
+    let (storage, log) = RecordingStorage::new(input.to_vec());
+    let mut held = Vec::new();
+    let Ok((mut f, load)) = KvFile::open_storage(
+        Box::new(storage),
+        Path::new("fuzz"),
+        KV_STATE_LAYOUT,
+        &mut |t, _| held.push(t),
+    ) else {
+        return Verdict::Refused;
+    };
+    let state = f.take_state();
+    match (&load, &state) {
+        (KvLoad::Loaded { .. }, Some((at, bytes)))
+            if *at != held.len() as u64 || bytes.len() != KV_STATE_LAYOUT.state_bytes =>
+        {
+            return Verdict::Broken(format!(
+                "state at {at} of {} bytes, {} records",
+                bytes.len(),
+                held.len()
+            ));
+        }
+        (_, None) if !held.is_empty() => return Verdict::Broken("records loaded without a state".into()),
+        _ => {}
+    }
+    let accepted = matches!(load, KvLoad::Loaded { .. }) && state.is_some();
+    let Some(more) = kv_state_records(900..902) else {
+        return Verdict::Broken("test records".into());
+    };
+    let end = held.len() as u64 + 2;
+    if let Err(e) = f
+        .append(held.len() as u64, &more)
+        .and_then(|()| f.save_state(end, &kv_state_bytes(end)))
+    {
+        return Verdict::Broken(format!("append and save after load: {e}"));
+    }
+    drop(f);
+    let image = replay(input.to_vec(), &log.lock().clone());
+    let mut again = Vec::new();
+    let reopened = KvFile::open_storage(
+        Box::new(MemStorage(image)),
+        Path::new("fuzz"),
+        KV_STATE_LAYOUT,
+        &mut |t, _| again.push(t),
+    )
+    .map(|(mut f, _)| f.take_state());
+    let want: Vec<u32> = held.iter().copied().chain([900, 901]).collect();
+    match reopened {
+        Ok(state) if again == want && state == Some((end, kv_state_bytes(end))) => {
+            if accepted {
+                Verdict::Accepted
+            } else {
+                Verdict::Refused
+            }
+        }
+        Ok(_) => Verdict::Broken(format!(
+            "reloaded {again:?}, wrote {want:?} and a state after them"
+        )),
+        Err(e) => Verdict::Broken(format!("reload: {e}")),
+    }
 }
 
 /// Loading never panics, loads whole records only, and the loaded file

@@ -54,11 +54,27 @@ pub trait SequenceState: Send {
     fn truncate(&mut self, n: usize) -> usize;
     /// Whether the whole state is the concatenation of the per-position
     /// records ([`Self::position_bytes`]), so positions can be copied
-    /// between slots, kept in the prompt cache and written to state files
-    /// one by one. False for a state with recurrent layers: its records
-    /// cover only the attention layers.
+    /// between slots and kept in the prompt cache one by one. False for a
+    /// state with recurrent layers: its records cover only the attention
+    /// layers, and the rest is [`Self::save_recurrent`]'s.
     fn positional(&self) -> bool {
-        true
+        self.recurrent_bytes() == 0
+    }
+    /// Bytes of the recurrent part of the state (fixed whatever the
+    /// length; 0 when the records are the whole state).
+    fn recurrent_bytes(&self) -> usize {
+        0
+    }
+    /// The recurrent part as it is after [`Self::len`] positions, for a
+    /// state file; `None` while a forward is part-way or when there is none.
+    fn save_recurrent(&self) -> Option<Vec<u8>> {
+        None
+    }
+    /// Sets the recurrent part from [`Self::save_recurrent`]'s bytes, taken
+    /// at the current length (the records pushed before it); false (and
+    /// nothing changed) when they are not of this state's size.
+    fn load_recurrent(&mut self, bytes: &[u8]) -> bool {
+        bytes.is_empty() && self.recurrent_bytes() == 0
     }
     /// Bytes of one position's record.
     fn record_bytes(&self) -> usize;

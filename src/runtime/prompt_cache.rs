@@ -197,7 +197,7 @@ impl PromptCache {
     /// cache already has are only marked used; the rest are copied in while
     /// the budget allows, evicting older blocks. Returns positions copied.
     pub fn insert(&mut self, tokens: &[u32], state: &dyn SequenceState) -> usize {
-        if !self.enabled() || state.record_bytes() != self.record_bytes {
+        if !self.enabled() || !state.positional() || state.record_bytes() != self.record_bytes {
             return 0;
         }
         let tokens = &tokens[..tokens.len().min(state.len())];
@@ -314,7 +314,7 @@ impl PromptCache {
     /// with the cached positions that follow, up to `tokens.len()`. Returns
     /// the positions added (0 when the cache holds no longer prefix).
     pub fn restore(&mut self, tokens: &[u32], state: &mut dyn SequenceState) -> usize {
-        if state.record_bytes() != self.record_bytes {
+        if !state.positional() || state.record_bytes() != self.record_bytes {
             return 0;
         }
         let have = state.len().min(tokens.len());

@@ -82,6 +82,7 @@ pub trait KvSink: Send + 'static {
     fn append(&mut self, slot: usize, at: u64, records: &KvRecords) -> Result<(), KvError>;
     fn truncate(&mut self, slot: usize, len: u64) -> Result<(), KvError>;
     fn reset(&mut self, slot: usize) -> Result<(), KvError>;
+    fn save_state(&mut self, slot: usize, at: u64, bytes: &[u8]) -> Result<(), KvError>;
 }
 
 fn slot_mut(files: &mut [KvFile], slot: usize) -> Result<&mut KvFile, KvError> {
@@ -99,6 +100,9 @@ impl KvSink for Vec<KvFile> {
     }
     fn reset(&mut self, slot: usize) -> Result<(), KvError> {
         slot_mut(self, slot)?.reset()
+    }
+    fn save_state(&mut self, slot: usize, at: u64, bytes: &[u8]) -> Result<(), KvError> {
+        slot_mut(self, slot)?.save_state(at, bytes)
     }
 }
 
@@ -185,6 +189,7 @@ fn apply<S: KvSink>(sink: &mut S, msg: &KvMsg) -> Result<(), KvError> {
         KvMsg::Append { slot, at, records } => sink.append(*slot, *at, records),
         KvMsg::Truncate { slot, len } => sink.truncate(*slot, *len),
         KvMsg::Reset { slot } => sink.reset(*slot),
+        KvMsg::SaveState { slot, at, bytes } => sink.save_state(*slot, *at, bytes),
     }
 }
 
@@ -322,6 +327,13 @@ impl<S: KvSink> KvHandle<S> {
     /// Queues a reset of `slot`; waits only when the queue is full.
     pub fn reset(&mut self, slot: usize) -> Result<(), KvError> {
         self.push(KvMsg::Reset { slot })
+    }
+
+    /// Queues a save of `slot`'s recurrent state, valid after its first
+    /// `at` records (queued before it); waits only when the queue is full.
+    /// Its bytes count against the queue like records do.
+    pub fn save_state(&mut self, slot: usize, at: u64, bytes: Vec<u8>) -> Result<(), KvError> {
+        self.push(KvMsg::SaveState { slot, at, bytes })
     }
 
     /// The limits the queue was started with.

@@ -22,6 +22,14 @@ pub enum KvError {
     Gap { path: PathBuf, at: u64, count: u64 },
     #[error("{path}: cannot truncate to {len} records, only {count} are stored")]
     TruncateBeyond { path: PathBuf, len: u64, count: u64 },
+    #[error("{path}: a recurrent state must be {expected} bytes, got {got}")]
+    StateSize {
+        path: PathBuf,
+        expected: usize,
+        got: usize,
+    },
+    #[error("{path}: cannot save a recurrent state at position {at}, only {count} records are stored")]
+    StateBeyond { path: PathBuf, at: u64, count: u64 },
     #[error("KV slot {slot} does not exist ({slots} slots are open)")]
     BadSlot { slot: usize, slots: usize },
     #[error("the KV payload size {0} is too large for a record")]

@@ -10,12 +10,27 @@
 //! | 16 | 8 | model-shape fingerprint (caller's) |
 //! | 24 | 8 | record size in bytes (4 + payload) |
 //! | 32 | 8 | record count (the commit point) |
-//! | 40 | 24 | reserved, 0 |
-//! | 64 | n * record size | records: token id `u32`, then the payload |
+//! | 40 | 8 | recurrent state size `S` in bytes (0: the records are the whole state) |
+//! | 48 | 8 | position the saved recurrent state belongs to |
+//! | 56 | 8 | which state area holds it: 0 none, 1 or 2 |
+//! | 64 | 2 * S | two recurrent state areas |
+//! | 64 + 2S | n * record size | records: token id `u32`, then the payload |
 //!
 //! Every mutation writes record bytes, syncs them, and only then rewrites the
 //! count (and syncs again). Records past the count are garbage by definition
 //! and are overwritten by later appends.
+//!
+//! A model whose sequence state is not only per-position records (linear
+//! attention's fixed-size recurrent state) also saves that state, now and
+//! then, valid at one position. It is written into the area the header does
+//! not point at, synced, and only then made current by one write of the
+//! header's position and area fields (one sector, so it lands whole or not
+//! at all). Records at or below the saved position are never changed while
+//! it is current: a truncation or rewrite below it withdraws it first. With
+//! `S > 0` a file loads only up to the saved position (the records after it
+//! cannot be used without the state there), so a crash costs what was
+//! computed since the last save, never consistency. With `S = 0` the file
+//! is byte for byte what it was before these fields existed.
 //!
 //! All I/O goes through [`KvStorage`] so that a recording layer can capture
 //! every write and sync the writer issues and replay the crash states POSIX
@@ -71,6 +86,8 @@ pub const HEADER_LEN: u64 = 64;
 /// File name of slot 0; slot N appends `.N`.
 pub const KV_FILE_NAME: &str = ".coli_kv";
 const COUNT_OFFSET: u64 = 32;
+const STATE_SIZE_OFFSET: usize = 40;
+const STATE_OFFSET: u64 = 48;
 
 /// What a record holds, fixed per model; a file written with another layout is ignored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,12 +100,20 @@ pub struct KvLayout {
     /// at header offset 12. A file of the same model with another kind is
     /// reported as [`KvLoad::OtherKind`], so the caller can name both.
     pub payload_kind: u32,
+    /// Bytes of the sequence's recurrent state, saved whole at one position
+    /// ([`KvFile::save_state`]); 0 for a state that is all per-position records.
+    pub state_bytes: usize,
 }
 
 impl KvLayout {
     /// Bytes of one record: token id plus payload.
     pub fn record_size(&self) -> usize {
         4 + self.payload_bytes
+    }
+
+    /// Where the records start: after the header and the two state areas.
+    pub fn records_offset(&self) -> u64 {
+        HEADER_LEN + 2 * self.state_bytes as u64
     }
 }
 
@@ -220,6 +245,10 @@ pub struct KvFile {
     count: u64,
     /// False until a header matching `layout` is on disk (new or ignored file).
     header_ok: bool,
+    /// The saved recurrent state on disk: its position and area (1 or 2).
+    state: Option<(u64, u64)>,
+    /// The saved state read back at open, until [`KvFile::take_state`].
+    loaded_state: Option<(u64, Vec<u8>)>,
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> KvError + 'a {
@@ -290,6 +319,9 @@ impl KvFile {
         if layout.payload_bytes > (u32::MAX as usize) {
             return Err(KvError::PayloadTooLarge(layout.payload_bytes));
         }
+        if layout.state_bytes as u64 > u64::MAX / 4 {
+            return Err(KvError::PayloadTooLarge(layout.state_bytes));
+        }
         let empty = file.size().map_err(io_err("reading metadata of", path))? == 0;
         let mut kv = KvFile {
             file,
@@ -297,6 +329,8 @@ impl KvFile {
             layout,
             count: 0,
             header_ok: false,
+            state: None,
+            loaded_state: None,
         };
         if empty {
             kv.write_header()?;
@@ -345,6 +379,12 @@ impl KvFile {
                 "record size {} (this model needs {want_rs})",
                 le_u64(&h[24..])
             ))
+        } else if le_u64(&h[STATE_SIZE_OFFSET..]) != self.layout.state_bytes as u64 {
+            Some(format!(
+                "recurrent state of {} bytes (this model needs {})",
+                le_u64(&h[STATE_SIZE_OFFSET..]),
+                self.layout.state_bytes
+            ))
         } else {
             None
         };
@@ -353,8 +393,25 @@ impl KvFile {
         }
         self.header_ok = true;
         let declared = le_u64(&h[COUNT_OFFSET as usize..]);
-        let present = (file_len - HEADER_LEN) / want_rs;
-        let records = declared.min(present);
+        let present = file_len.saturating_sub(self.layout.records_offset()) / want_rs;
+        let mut records = declared.min(present);
+        if self.layout.state_bytes > 0 {
+            // Only what the saved state covers is usable; no state, nothing.
+            let at = le_u64(&h[STATE_OFFSET as usize..]);
+            let area = le_u64(&h[STATE_OFFSET as usize + 8..]);
+            let area_end = HEADER_LEN.saturating_add(area.saturating_mul(self.layout.state_bytes as u64));
+            if (area == 1 || area == 2) && at <= records && area_end <= file_len {
+                let mut bytes = vec![0u8; self.layout.state_bytes];
+                self.file
+                    .read_exact_at(&mut bytes, self.state_area(area))
+                    .map_err(io_err("reading the recurrent state of", &self.path))?;
+                self.state = Some((at, area));
+                self.loaded_state = Some((at, bytes));
+                records = at;
+            } else {
+                records = 0;
+            }
+        }
         // Read in chunks of whole records (about 1 MiB) rather than one by one.
         let per_chunk = ((1u64 << 20) / want_rs).max(1);
         let mut buf = Vec::new();
@@ -363,7 +420,7 @@ impl KvFile {
             let n = per_chunk.min(records - done);
             buf.resize((n * want_rs) as usize, 0);
             self.file
-                .read_exact_at(&mut buf, HEADER_LEN + done * want_rs)
+                .read_exact_at(&mut buf, self.layout.records_offset() + done * want_rs)
                 .map_err(io_err("reading records of", &self.path))?;
             for rec in buf.chunks_exact(want_rs as usize) {
                 visit(le_u32(rec), &rec[4..]);
@@ -381,7 +438,10 @@ impl KvFile {
         h[12..16].copy_from_slice(&self.layout.payload_kind.to_le_bytes());
         h[16..24].copy_from_slice(&self.layout.fingerprint.to_le_bytes());
         h[24..32].copy_from_slice(&(self.layout.record_size() as u64).to_le_bytes());
-        // count stays 0: a crash right after this leaves an empty, valid file.
+        h[STATE_SIZE_OFFSET..STATE_SIZE_OFFSET + 8]
+            .copy_from_slice(&(self.layout.state_bytes as u64).to_le_bytes());
+        // count stays 0 and no state is saved: a crash right after this
+        // leaves an empty, valid file.
         self.file.set_len(0).map_err(io_err("truncating", &self.path))?;
         self.file
             .write_all_at(&h, 0)
@@ -389,7 +449,77 @@ impl KvFile {
         self.sync()?;
         self.count = 0;
         self.header_ok = true;
+        self.state = None;
         Ok(())
+    }
+
+    fn state_area(&self, area: u64) -> u64 {
+        HEADER_LEN + (area - 1) * self.layout.state_bytes as u64
+    }
+
+    /// Points the header at `state` (`None`: no saved state) and syncs.
+    fn commit_state(&mut self, state: Option<(u64, u64)>) -> Result<(), KvError> {
+        let (at, area) = state.unwrap_or((0, 0));
+        let mut fields = [0u8; 16];
+        fields[..8].copy_from_slice(&at.to_le_bytes());
+        fields[8..].copy_from_slice(&area.to_le_bytes());
+        self.file
+            .write_all_at(&fields, STATE_OFFSET)
+            .map_err(io_err("writing the recurrent state position of", &self.path))?;
+        self.sync()?;
+        self.state = state;
+        Ok(())
+    }
+
+    /// Withdraws the saved state before records at or below its position change.
+    fn withdraw_state_above(&mut self, len: u64) -> Result<(), KvError> {
+        match self.state {
+            Some((at, _)) if at > len => self.commit_state(None),
+            _ => Ok(()),
+        }
+    }
+
+    /// Saves the sequence's recurrent state, valid after the first `at`
+    /// records (which must be committed), replacing the one saved before
+    /// only once it is durable.
+    pub fn save_state(&mut self, at: u64, bytes: &[u8]) -> Result<(), KvError> {
+        if bytes.len() != self.layout.state_bytes || bytes.is_empty() {
+            return Err(KvError::StateSize {
+                path: self.path.clone(),
+                expected: self.layout.state_bytes,
+                got: bytes.len(),
+            });
+        }
+        if !self.header_ok {
+            self.write_header()?;
+        }
+        if at > self.count {
+            return Err(KvError::StateBeyond {
+                path: self.path.clone(),
+                at,
+                count: self.count,
+            });
+        }
+        let area = match self.state {
+            Some((_, 1)) => 2,
+            _ => 1,
+        };
+        self.file
+            .write_all_at(bytes, self.state_area(area))
+            .map_err(io_err("writing the recurrent state of", &self.path))?;
+        self.sync()?;
+        self.commit_state(Some((at, area)))
+    }
+
+    /// The recurrent state read back at open and the position it belongs
+    /// to (the loaded records end there); taken once.
+    pub fn take_state(&mut self) -> Option<(u64, Vec<u8>)> {
+        self.loaded_state.take()
+    }
+
+    /// Position of the saved recurrent state on disk, if one is.
+    pub fn state_position(&self) -> Option<u64> {
+        self.state.map(|(at, _)| at)
     }
 
     fn sync(&mut self) -> Result<(), KvError> {
@@ -450,12 +580,13 @@ impl KvFile {
         }
         if at < self.count {
             // Uncommit the positions about to be overwritten before touching them.
+            self.withdraw_state_above(at)?;
             self.commit_count(at)?;
         }
         if records.is_empty() {
             return Ok(());
         }
-        let offset = HEADER_LEN + at * rs as u64;
+        let offset = self.layout.records_offset() + at * rs as u64;
         self.file
             .write_all_at(records.as_bytes(), offset)
             .map_err(io_err("writing records to", &self.path))?;
@@ -476,6 +607,7 @@ impl KvFile {
             return self.write_header();
         }
         if len < self.count {
+            self.withdraw_state_above(len)?;
             self.commit_count(len)?;
         }
         Ok(())
@@ -485,6 +617,9 @@ impl KvFile {
     pub fn reset(&mut self) -> Result<(), KvError> {
         if !self.header_ok {
             return self.write_header();
+        }
+        if self.state.is_some() {
+            self.commit_state(None)?;
         }
         self.commit_count(0)?;
         self.file
@@ -502,6 +637,7 @@ mod tests {
             fingerprint: 0xfeed,
             payload_bytes: 12,
             payload_kind: 0,
+            state_bytes: 0,
         }
     }
 
@@ -563,6 +699,7 @@ mod tests {
             fingerprint: 1,
             payload_bytes: 12,
             payload_kind: 0,
+            state_bytes: 0,
         };
         let (mut f, load, got) = reopen(&p, other);
         assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("different model")));
@@ -572,6 +709,7 @@ mod tests {
             fingerprint: 0xfeed,
             payload_bytes: 16,
             payload_kind: 0,
+            state_bytes: 0,
         };
         let (_, load, _) = reopen(&p, wider);
         assert!(matches!(load, KvLoad::Mismatch { ref reason } if reason.contains("record size")));
@@ -599,6 +737,7 @@ mod tests {
         drop(f);
         let other = KvLayout {
             payload_kind: 0x0101,
+            state_bytes: 0,
             payload_bytes: 6,
             ..layout()
         };

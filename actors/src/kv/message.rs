@@ -15,6 +15,8 @@ pub enum KvMsg {
     Truncate { slot: usize, len: u64 },
     /// Forget `slot`'s conversation.
     Reset { slot: usize },
+    /// Save `slot`'s recurrent state, valid after its first `at` records.
+    SaveState { slot: usize, at: u64, bytes: Vec<u8> },
 }
 
 impl KvMsg {
@@ -22,6 +24,7 @@ impl KvMsg {
     pub fn record_bytes(&self) -> usize {
         match self {
             KvMsg::Append { records, .. } => records.byte_len(),
+            KvMsg::SaveState { bytes, .. } => bytes.len(),
             KvMsg::Truncate { .. } | KvMsg::Reset { .. } => 0,
         }
     }

@@ -47,6 +47,10 @@ impl LinearState {
         self.conv.fill(0.0);
         self.delta.fill(0.0);
     }
+
+    fn values(&self) -> usize {
+        self.conv.len() + self.delta.len()
+    }
 }
 
 /// A hybrid sequence state.
@@ -116,6 +120,10 @@ impl HybridState {
         }
     }
 
+    fn linear_bytes(&self) -> usize {
+        4 * self.linear.iter().map(LinearState::values).sum::<usize>()
+    }
+
     /// Positions a truncation can land on exactly (besides 0 and the end).
     pub fn checkpoint_positions(&self) -> Vec<usize> {
         self.checkpoints.iter().map(|(p, _)| *p).collect()
@@ -149,22 +157,87 @@ impl SequenceState for HybridState {
         }
     }
 
-    fn positional(&self) -> bool {
-        false
-    }
-
-    /// Nothing is written per position: the recurrent layers have no such
-    /// record, so the prompt cache and state files leave this state alone.
+    /// A position's record holds the full-attention layers' keys and
+    /// values only; the linear layers' part is the recurrent state.
     fn record_bytes(&self) -> usize {
-        0
+        self.kv.record_bytes()
     }
 
-    fn position_bytes(&self, _pos: usize) -> Vec<u8> {
-        Vec::new()
+    fn position_bytes(&self, pos: usize) -> Vec<u8> {
+        self.kv.position_bytes(pos)
     }
 
-    fn push_position_bytes(&mut self, _bytes: &[u8]) -> bool {
-        false
+    fn push_position_bytes(&mut self, bytes: &[u8]) -> bool {
+        self.kv.push_position_bytes(bytes)
+    }
+
+    fn payload_kind(&self) -> u32 {
+        self.kv.types().header_code()
+    }
+
+    /// The linear layers' states now and at the latest checkpoint before
+    /// now (so that a resumed conversation whose next prompt departs from
+    /// the last reply, as a re-rendered chat history does, still starts
+    /// from the prompt before it), with that checkpoint's position.
+    fn recurrent_bytes(&self) -> usize {
+        8 + 2 * self.linear_bytes()
+    }
+
+    /// `u64` position of the earlier checkpoint (`u64::MAX`: none), then
+    /// its states, then the current ones; each state every linear layer's
+    /// convolution inputs then delta-rule matrix, in layer order, as
+    /// little-endian f32.
+    fn save_recurrent(&self) -> Option<Vec<u8>> {
+        if self.dirty {
+            return None;
+        }
+        let now = self.kv.len();
+        let earlier = self.checkpoints.iter().rev().find(|(p, _)| *p < now);
+        let mut out = Vec::with_capacity(self.recurrent_bytes());
+        out.extend_from_slice(&earlier.map_or(u64::MAX, |(p, _)| *p as u64).to_le_bytes());
+        for states in [earlier.map_or(&self.linear, |(_, s)| s), &self.linear] {
+            for l in states {
+                for v in l.conv.iter().chain(&l.delta) {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// The saved states become the checkpoints, so that a failed forward or
+    /// a departing prompt after the restore returns to one of them rather
+    /// than to position 0.
+    fn load_recurrent(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() != self.recurrent_bytes() {
+            return false;
+        }
+        let now = self.kv.len();
+        let mut at = [0u8; 8];
+        at.copy_from_slice(&bytes[..8]);
+        let earlier = usize::try_from(u64::from_le_bytes(at)).ok().filter(|&p| p < now);
+        let (first, current) = bytes[8..].split_at(self.linear_bytes());
+        let decode = |raw: &[u8], into: &mut Vec<LinearState>| {
+            let mut vals = raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            for l in into.iter_mut() {
+                for v in l.conv.iter_mut().chain(l.delta.iter_mut()) {
+                    *v = vals.next().unwrap_or(0.0);
+                }
+            }
+        };
+        self.pending.clear();
+        self.dirty = false;
+        self.checkpoints.clear();
+        if let Some(p) = earlier {
+            let mut states = self.linear.clone();
+            decode(first, &mut states);
+            self.checkpoint(p, states);
+        }
+        decode(current, &mut self.linear);
+        self.checkpoint(now, self.linear.clone());
+        true
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
@@ -227,6 +300,30 @@ mod tests {
         // The pass failed: the caller truncates to the length before it.
         assert_eq!(st.truncate(4), 3);
         assert!(st.linear[0].delta.iter().all(|&v| v == 3.0));
+    }
+
+    #[test]
+    fn the_recurrent_part_round_trips_with_its_earlier_checkpoint() {
+        let mut st = HybridState::new(KvCache::new(1, 4), 2, &shape());
+        run(&mut st, 5); // checkpoint at 4
+        run(&mut st, 1);
+        let bytes = st.save_recurrent().unwrap();
+        assert_eq!(bytes.len(), st.recurrent_bytes());
+        let mut back = HybridState::new(KvCache::new(1, 4), 2, &shape());
+        // (The helper above moves only the recurrent part; the records
+        // are placeholders of the right size.)
+        for _ in 0..st.len() {
+            assert!(back.push_position_bytes(&vec![0u8; st.record_bytes()]));
+        }
+        assert!(!back.load_recurrent(&bytes[1..]), "a short part is refused");
+        assert!(back.load_recurrent(&bytes));
+        assert_eq!(back.linear, st.linear);
+        assert_eq!(back.checkpoint_positions(), vec![4, 6]);
+        assert_eq!(back.truncate(5), 4);
+        assert!(back.linear.iter().all(|l| l.delta.iter().all(|&v| v == 4.0)));
+        // Part-way through a forward there is nothing consistent to save.
+        st.begin(2);
+        assert!(st.save_recurrent().is_none());
     }
 
     #[test]

@@ -213,6 +213,21 @@ impl LoopActor {
         }
     }
 
+    /// Queues what `slot` computed and, for a state with a recurrent part,
+    /// saves that part: called where a turn ends.
+    fn save_slot_state(&mut self, slot: usize) {
+        let (Some(store), Some(session)) = (self.store.as_mut(), self.slots[slot].session.as_ref()) else {
+            return;
+        };
+        if let Err(e) = store.save_state(slot, session) {
+            let _ = writeln!(
+                self.diag,
+                "coli: saving the conversation failed ({e}); conversations will not be saved"
+            );
+            self.store = None;
+        }
+    }
+
     fn submit(
         &mut self,
         id: RequestId,
@@ -427,7 +442,7 @@ impl LoopActor {
         let have = session.kv.len();
         // `--prompt-cache-mb 0` turns copying off altogether (the slot's
         // own history is still reused).
-        if have >= want || !self.cache.enabled() {
+        if have >= want || !self.cache.enabled() || !session.kv.positional() {
             return 0;
         }
         let tokens = &session.tokens[..want];
@@ -502,6 +517,7 @@ impl LoopActor {
             _ => Metrics::add(&self.metrics.completed, 1),
         }
         self.slots[a.slot].owner = None;
+        self.save_slot_state(a.slot);
         self.publish_gauges();
         let _ = a.events.send(Event::Done(finish));
     }
@@ -901,11 +917,16 @@ impl LoopActor {
             for (it, slot) in items.into_iter().zip(slots) {
                 let logits = outs.as_mut().and_then(|o| o.next());
                 let mut session = it.session;
-                if it.logits == Logits::Last {
+                let last = it.logits == Logits::Last;
+                if last {
                     session.last_logits = logits;
                 }
                 self.slots[slot].session = Some(session);
-                self.append_to_store(slot);
+                if last {
+                    self.save_slot_state(slot);
+                } else {
+                    self.append_to_store(slot);
+                }
             }
             if failed {
                 return;

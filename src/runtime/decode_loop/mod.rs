@@ -155,7 +155,19 @@ impl DecodeLoop {
                 diag.as_mut(),
             )
         });
-        let record_bytes = sessions.first().map_or(0, |s| s.kv.record_bytes());
+        // Positions are copied between slots and through the prompt cache
+        // one record at a time, which a recurrent state is not made of.
+        let positional = sessions.first().is_none_or(|s| s.kv.positional());
+        let record_bytes = sessions
+            .first()
+            .filter(|_| positional)
+            .map_or(0, |s| s.kv.record_bytes());
+        if !positional && engine.memory.needs.prompt_cache_bytes > 0 {
+            let _ = writeln!(
+                diag,
+                "coli: this model's linear-attention layers keep a recurrent state, not per-position records: prompts are reused within a slot (and across restarts), not through the prompt cache"
+            );
+        }
         let cache = PromptCache::new(engine.memory.needs.prompt_cache_bytes, record_bytes);
         let source: Arc<dyn ExpertSource<ExpertWeights>> = engine.model.source().clone();
         let vocab = engine.model.vocab_size();
