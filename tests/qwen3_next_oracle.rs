@@ -10,74 +10,20 @@
 //! round-trip weights, after `coli convert`; a sequence's state resumes
 //! from its checkpoints exactly; hostile configs are refused by name.
 
-use std::path::{Path, PathBuf};
+mod support;
 
-use colibri::cli::validate::{Reference, greedy, teacher_forcing};
 use colibri::convert::convert;
-use colibri::engine::{Engine, EngineOptions, Placement};
-use colibri::model::kv_cache::{KvType, KvTypes};
+use colibri::engine::{Engine, EngineOptions};
 use colibri::model::lm::Logits;
 use colibri::quant::QFormat;
 use colibri::st::Checkpoint;
 use colibri_actors::Tag;
+use support::oracle::{
+    exact, exact_kv, fixture, int8_oracle, int8_path, last_logits, max_diff, mismatches, ref_logits,
+    reference, streamed,
+};
 
 const FIXTURES: [&str; 2] = ["qwen3-next-tiny", "qwen3-5-moe-tiny"];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
-}
-
-fn reference(dir: &Path) -> Reference {
-    Reference::load(&dir.join("REF.json")).unwrap()
-}
-
-fn int8_oracle(dir: &Path) -> Reference {
-    reference(dir).int8().expect("REF.json has an int8 oracle")
-}
-
-fn mismatches(model: &Path, r: &Reference, opts: &EngineOptions) -> (usize, usize) {
-    let mut engine = Engine::load(model, opts).unwrap_or_else(|e| panic!("{}: {e:#}", model.display()));
-    let (ok, total) = greedy(&mut engine, r).unwrap();
-    let (tok, ttotal) = teacher_forcing(&mut engine, r).unwrap();
-    assert!(total > 0 && ttotal > 0);
-    (total - ok, ttotal - tok)
-}
-
-fn exact(model: &Path, r: &Reference, opts: &EngineOptions) {
-    assert_eq!(
-        mismatches(model, r, opts),
-        (0, 0),
-        "{} with {opts:?}",
-        model.display()
-    );
-}
-
-/// f32 weights, activations and KV cache of the full-attention layers.
-fn exact_kv() -> EngineOptions {
-    EngineOptions {
-        kv_types: KvTypes::both(KvType::F32),
-        ..EngineOptions::default()
-    }
-}
-
-/// Int8 weights through f32 activations: the path the int8 oracle checks.
-fn int8_path() -> EngineOptions {
-    EngineOptions {
-        expert_bits: 8,
-        dense_bits: 8,
-        int8_acts: false,
-        ..exact_kv()
-    }
-}
-
-fn streamed(base: EngineOptions) -> EngineOptions {
-    EngineOptions {
-        placement: Placement::Streamed,
-        pilot: true,
-        cache_cap: Some(2),
-        ..base
-    }
-}
 
 #[test]
 fn the_fixtures_exercise_both_forms_of_the_delta_rule() {
@@ -184,25 +130,6 @@ fn the_vision_tower_of_the_multimodal_release_is_skipped() {
     assert!(ck.names().all(|n| !n.contains("visual")));
     assert!(ck.has("model.layers.0.linear_attn.in_proj_qkv.weight"));
     assert!(ck.has("lm_head.weight"));
-}
-
-fn last_logits(engine: &mut Engine, ids: &[u32]) -> Vec<f32> {
-    let mut st = engine.model.new_state();
-    engine
-        .model
-        .forward(ids, st.as_mut(), Tag::new(0, 1, 0), Logits::Last)
-        .unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
-fn ref_logits(dir: &Path, key: &str) -> Vec<f32> {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("REF.json")).unwrap()).unwrap();
-    serde_json::from_value(v[key].clone()).unwrap()
 }
 
 /// Logits at the last of all 92 positions (one forward over the prompt and

@@ -13,6 +13,7 @@ pub mod want;
 // The families: each is a folder with its registration entry, listed once
 // in `FAMILIES` (see docs/adding-a-family.md).
 pub mod glm;
+pub mod glm4_moe_lite;
 pub mod moe_decoder;
 pub mod olmoe;
 pub mod qwen3_next;
@@ -25,6 +26,7 @@ pub(crate) static FAMILIES: &[&dyn family::Family] = &[
     &moe_decoder::GLM4_MOE,
     &moe_decoder::GPT_OSS,
     &glm::GLM,
+    &glm4_moe_lite::GLM4_MOE_LITE,
     &qwen3_next::QWEN3_NEXT,
 ];
 

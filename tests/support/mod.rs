@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod oracle;
 pub mod schema;
 
 use std::ffi::OsStr;

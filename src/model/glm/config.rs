@@ -1,5 +1,6 @@
-//! GLM-5 (`model_type: "glm_moe_dsa"`) and DeepSeek-V3 (`"deepseek_v3"`)
-//! hyper-parameters: MLA attention, the DSA lightning indexer (GLM only),
+//! GLM-5 (`model_type: "glm_moe_dsa"`), DeepSeek-V3 (`"deepseek_v3"`) and
+//! GLM-4.7-Flash (`"glm4_moe_lite"`, registered by `model/glm4_moe_lite/`)
+//! hyper-parameters: MLA attention, the DSA lightning indexer (GLM-5 only),
 //! a sigmoid group-limited router with shared experts, and an optional
 //! next-token (MTP) module.
 
@@ -9,12 +10,17 @@ use serde::Deserialize;
 
 use crate::config::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
 
-/// Which of the two families a config describes.
+/// The `model_type`s this config describes.
+pub const MODEL_TYPES: [&str; 3] = ["glm_moe_dsa", "deepseek_v3", "glm4_moe_lite"];
+
+/// Which attention a config describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlaFamily {
     /// GLM-5: every layer is DSA (indexer "full" or "shared").
     GlmMoeDsa,
-    /// DeepSeek-V3: dense causal MLA attention, no indexer.
+    /// Dense causal MLA attention, no indexer: DeepSeek-V3, and
+    /// GLM-4.7-Flash, which transformers builds from the same attention,
+    /// router and decoder layer.
     DeepseekV3,
 }
 
@@ -84,6 +90,10 @@ pub struct GlmConfig {
     /// DeepSeek-V3 only: interleaved (true, default) or rotate-half RoPE.
     #[serde(default)]
     pub rope_interleave: Option<bool>,
+    /// GLM-4.7-Flash's rotary embedding reads it (a share of the rope head);
+    /// only 1 (all of it) is supported.
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f64>,
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
     #[serde(default)]
@@ -127,7 +137,7 @@ impl GlmConfig {
             .and_then(|v| v.as_str())
             .unwrap_or("")
             .to_string();
-        if found != "glm_moe_dsa" && found != "deepseek_v3" {
+        if !MODEL_TYPES.contains(&found.as_str()) {
             return Err(ConfigError::ModelType {
                 path: path.to_path_buf(),
                 found,
@@ -140,10 +150,10 @@ impl GlmConfig {
     }
 
     pub fn family(&self) -> MlaFamily {
-        if self.model_type == "deepseek_v3" {
-            MlaFamily::DeepseekV3
-        } else {
+        if self.model_type == "glm_moe_dsa" {
             MlaFamily::GlmMoeDsa
+        } else {
+            MlaFamily::DeepseekV3
         }
     }
 
@@ -236,6 +246,15 @@ impl GlmConfig {
         }
         if self.attention_bias {
             return bad("attention_bias", "true is not supported".into());
+        }
+        if self.model_type == "glm4_moe_lite"
+            && let Some(f) = self.partial_rotary_factor
+            && f != 1.0
+        {
+            return bad(
+                "partial_rotary_factor",
+                format!("{f} is not supported (the whole qk_rope_head_dim is rotated: 1.0)"),
+            );
         }
         if let Some(act) = &self.hidden_act
             && act != "silu"

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+# Oracle fixture for GLM-4.7-Flash (model_type "glm4_moe_lite"), written by
+# transformers 5: a tiny random-weight Glm4MoeLiteForCausalLM saved with
+# save_pretrained (transformers 5's config spelling and tensor layout),
+# reloaded, and run by transformers. REF.json has the format of the other
+# fixture scripts (docs/formats.md): prompt_ids, full_ids (greedy
+# continuation), tf_pred (teacher-forced argmax at every position), and the
+# int8 round-trip oracle `int8_full_ids` / `int8_tf_pred`: the same two runs
+# on a copy whose matrices went through the int8 round trip the engine
+# applies at `--expert-bits 8 --dense-bits 8` (per output row: scale =
+# amax/127, round half to even, clamp to [-128, 127]; the router
+# `mlp.gate.weight`, norms and the correction bias stay f32).
+# `logits_last` / `int8_logits_last` are the logits at the last position.
+#
+# Pinned versions (fixtures/glm4-moe-lite-tiny was produced with exactly these):
+#   torch==2.9.1  transformers==5.23.0  safetensors==0.8.0  numpy==2.4.6
+# Run (CPU only, deterministic):
+#   OMP_NUM_THREADS=1 python tools/make_glm4_moe_lite_fixture.py [--out fixtures]
+#
+# What it exercises: MLA with low-rank queries (q_a/q_b), the kv latent and
+# interleaved RoPE on the rope head, v_head_dim != qk_nope_head_dim, the
+# sigmoid router with a random e_score_correction_bias, normalised top-k and
+# routed_scaling_factor, a shared expert, `mlp_layer_types` with a dense
+# layer in the middle of sparse ones, and RoPE given as `rope_parameters`.
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(1)
+
+NEW_TOKENS = 16
+
+CONFIG = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=48,
+    moe_intermediate_size=16,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    routed_scaling_factor=1.8,
+    kv_lora_rank=32,
+    q_lora_rank=24,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    qk_nope_head_dim=16,
+    n_group=1,
+    topk_group=1,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+    max_position_embeddings=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_interleave=True,
+    attention_bias=False,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=1,
+)
+
+
+def build(seed, scale):
+    torch.manual_seed(seed)
+    cfg = Glm4MoeLiteConfig(**CONFIG)
+    model = Glm4MoeLiteForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * scale / (p.shape[-1] ** 0.5))
+        for m in model.modules():
+            if hasattr(m, "e_score_correction_bias"):
+                m.e_score_correction_bias.copy_(0.2 * torch.randn_like(m.e_score_correction_bias))
+    return model
+
+
+def is_router(name):
+    return name.endswith("mlp.gate.weight")
+
+
+def int8_copy(model):
+    """Every matrix the engine quantizes replaced by its int8 round trip
+    (the fused 3-D expert tensors row by row, as the engine does per expert)."""
+    q = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in q.named_parameters():
+            if p.dim() < 2 or is_router(name):
+                continue
+            w = p.data.float()
+            scale = (w.abs().amax(dim=-1, keepdim=True) / 127.0).clamp(min=1e-8)
+            p.data.copy_(torch.round(w / scale).clamp(-128, 127) * scale)
+    return q
+
+
+def evaluate(model, prompt):
+    with torch.no_grad():
+        ids = list(prompt)
+        margins = []
+        for _ in range(NEW_TOKENS):
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            top = torch.topk(logits, 2).values
+            margins.append(float(top[0] - top[1]))
+            ids.append(int(torch.argmax(logits)))
+        full = model(torch.tensor([ids])).logits[0].double()
+        tf = [int(x) for x in torch.argmax(full, dim=-1)]
+        top2 = torch.topk(full, 2, dim=-1).values
+        tf_margins = [float(x) for x in (top2[:, 0] - top2[:, 1])]
+    return dict(
+        full_ids=ids,
+        tf_pred=tf,
+        gen_min_margin=min(margins),
+        tf_min_margin=min(tf_margins),
+        distinct=len(set(ids[len(prompt):])),
+        logits_last=full[-1].float().tolist(),
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+    ap.add_argument("--seeds", default="1:40", help="first:last seed tried, in order")
+    ap.add_argument("--scale", type=float, default=1.5)
+    args = ap.parse_args()
+    assert transformers.__version__.startswith("5."), transformers.__version__
+    prompt = [5, 17, 42, 99, 3, 250, 77, 12, 64, 128, 31, 200]
+    first, last = (int(x) for x in args.seeds.split(":"))
+    d = os.path.join(os.path.abspath(args.out), "glm4-moe-lite-tiny")
+    for seed in range(first, last):
+        model = build(seed, args.scale)
+        # The oracle is the checkpoint as written, reloaded.
+        shutil.rmtree(d, ignore_errors=True)
+        model.save_pretrained(d)
+        model = AutoModelForCausalLM.from_pretrained(
+            d, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+        ).eval()
+        r = evaluate(model, prompt)
+        q = evaluate(int8_copy(model), prompt)
+        ok = (
+            min(r["gen_min_margin"], r["tf_min_margin"], q["gen_min_margin"], q["tf_min_margin"]) > 0.02
+            and r["distinct"] >= NEW_TOKENS // 2
+        )
+        print(
+            f"seed={seed} margins f32 {r['gen_min_margin']:.4f}/{r['tf_min_margin']:.4f} "
+            f"int8 {q['gen_min_margin']:.4f}/{q['tf_min_margin']:.4f} distinct={r['distinct']}",
+            flush=True,
+        )
+        if ok:
+            break
+    else:
+        shutil.rmtree(d, ignore_errors=True)
+        raise SystemExit("no candidate met the criteria")
+    ref = {
+        "prompt_ids": prompt,
+        "full_ids": r["full_ids"],
+        "tf_pred": r["tf_pred"],
+        "int8_full_ids": q["full_ids"],
+        "int8_tf_pred": q["tf_pred"],
+        "dtype": "f32",
+        "new_tokens": NEW_TOKENS,
+        "gen_min_margin": r["gen_min_margin"],
+        "tf_min_margin": r["tf_min_margin"],
+        "int8_gen_min_margin": q["gen_min_margin"],
+        "int8_tf_min_margin": q["tf_min_margin"],
+        "logits_last": r["logits_last"],
+        "int8_logits_last": q["logits_last"],
+        "generator": {
+            "script": "tools/make_glm4_moe_lite_fixture.py",
+            "seed": seed,
+            "scale": args.scale,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "attn_implementation": "eager",
+            "experts_implementation": "eager",
+        },
+    }
+    with open(os.path.join(d, "REF.json"), "w") as f:
+        json.dump(ref, f)
+        f.write("\n")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    print(f"chose seed={seed}; config keys: {sorted(cfg)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
