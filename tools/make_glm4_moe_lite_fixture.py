@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-# Oracle fixture for GLM-4.7-Flash (model_type "glm4_moe_lite"), written by
-# transformers 5: a tiny random-weight Glm4MoeLiteForCausalLM saved with
+# Oracle fixtures for GLM-4.7-Flash (model_type "glm4_moe_lite") and
+# DeepSeek-V3.2 ("deepseek_v32"), written by transformers 5: a tiny
+# random-weight Glm4MoeLiteForCausalLM / DeepseekV32ForCausalLM saved with
 # save_pretrained (transformers 5's config spelling and tensor layout),
 # reloaded, and run by transformers. REF.json has the format of the other
 # fixture scripts (docs/formats.md): prompt_ids, full_ids (greedy
@@ -9,19 +10,26 @@
 # on a copy whose matrices went through the int8 round trip the engine
 # applies at `--expert-bits 8 --dense-bits 8` (per output row: scale =
 # amax/127, round half to even, clamp to [-128, 127]; the router
-# `mlp.gate.weight`, norms and the correction bias stay f32).
+# `mlp.gate.weight`, the DSA indexer's `weights_proj`, norms and the
+# correction bias stay f32).
 # `logits_last` / `int8_logits_last` are the logits at the last position.
 #
-# Pinned versions (fixtures/glm4-moe-lite-tiny was produced with exactly these):
+# Pinned versions (fixtures/glm4-moe-lite-tiny and deepseek-v32-tiny were
+# produced with exactly these):
 #   torch==2.9.1  transformers==5.23.0  safetensors==0.8.0  numpy==2.4.6
 # Run (CPU only, deterministic):
-#   OMP_NUM_THREADS=1 python tools/make_glm4_moe_lite_fixture.py [--out fixtures]
+#   OMP_NUM_THREADS=1 python tools/make_glm4_moe_lite_fixture.py [--out fixtures] [--only deepseek-v32-tiny]
 #
 # What it exercises: MLA with low-rank queries (q_a/q_b), the kv latent and
 # interleaved RoPE on the rope head, v_head_dim != qk_nope_head_dim, the
 # sigmoid router with a random e_score_correction_bias, normalised top-k and
 # routed_scaling_factor, a shared expert, `mlp_layer_types` with a dense
 # layer in the middle of sparse ones, and RoPE given as `rope_parameters`.
+# DeepSeek-V3.2 adds the DSA lightning indexer on every layer (rotate-half
+# RoPE on its rope dims, a LayerNorm key, ReLU scores weighted per head),
+# with index_topk 8 below the 28 positions, so from the ninth position on
+# attention reads only the selected ones; and two expert groups with
+# topk_group 1.
 import argparse
 import copy
 import json
@@ -34,7 +42,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV32Config,
+    DeepseekV32ForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
+)
 
 torch.use_deterministic_algorithms(True)
 torch.set_num_threads(1)
@@ -74,10 +88,33 @@ CONFIG = dict(
 )
 
 
-def build(seed, scale):
+DSV32 = dict(
+    CONFIG,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=2.5,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    index_topk=8,
+    index_head_dim=16,
+    # Eight indexer heads, so that ReLU's exact zeros rarely tie at the
+    # selection's boundary (the gap is measured and required below).
+    index_n_heads=8,
+    first_k_dense_replace=1,
+)
+del DSV32["rope_interleave"]
+
+# fixture -> (config class, model class, config)
+KINDS = {
+    "glm4-moe-lite-tiny": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM, CONFIG),
+    "deepseek-v32-tiny": (DeepseekV32Config, DeepseekV32ForCausalLM, DSV32),
+}
+
+
+def build(kind, seed, scale):
     torch.manual_seed(seed)
-    cfg = Glm4MoeLiteConfig(**CONFIG)
-    model = Glm4MoeLiteForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    config_cls, model_cls, config = KINDS[kind]
+    cfg = config_cls(**config)
+    model = model_cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
@@ -91,7 +128,8 @@ def build(seed, scale):
 
 
 def is_router(name):
-    return name.endswith("mlp.gate.weight")
+    # The indexer's per-head weighting is read as F32 too, like the router.
+    return name.endswith("mlp.gate.weight") or name.endswith("indexer.weights_proj.weight")
 
 
 def int8_copy(model):
@@ -108,6 +146,78 @@ def int8_copy(model):
     return q
 
 
+class Probe:
+    """Smallest decision gaps of a no-cache forward: the router's (group
+    choice, expert choice, on the corrected scores) and the DSA indexer's
+    (k-th against (k+1)-th score among the causally visible keys)."""
+
+    def __init__(self, model):
+        self.router_gap = float("inf")
+        self.group_gap = float("inf")
+        self.index_gap = float("inf")
+        self.handles = []
+        for layer in model.model.layers:
+            ix = getattr(layer.self_attn, "indexer", None)
+            if ix is not None:
+                self.handles.append(ix.register_forward_hook(self.indexer_hook, with_kwargs=True))
+            if hasattr(layer.mlp, "gate"):
+                self.handles.append(layer.mlp.gate.register_forward_hook(self.router_hook))
+
+    def indexer_hook(self, mod, args, kwargs, out):
+        from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
+        names = ["hidden_states", "q_resid", "position_embeddings", "attention_mask", "position_ids"]
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        hs, q_resid = a["hidden_states"], a["q_resid"]
+        cos, sin = a["position_embeddings"]
+        b, n, _ = hs.shape
+        rd = mod.qk_rope_head_dim
+        q = mod.wq_b(q_resid).view(b, n, mod.n_heads, mod.head_dim)
+        q_rot, q_pass = torch.split(q, [rd, mod.head_dim - rd], dim=-1)
+        k = mod.k_norm(mod.wk(hs)).unsqueeze(2)
+        k_rot, k_pass = torch.split(k, [rd, mod.head_dim - rd], dim=-1)
+        q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+        q = torch.cat([q_rot, q_pass], dim=-1)
+        k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+        scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * mod.softmax_scale)
+        w = mod.weights_proj(hs).float() * (mod.n_heads**-0.5)
+        idx = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)[0]
+        kk = mod.index_topk
+        for t in range(n):
+            if t + 1 > kk:
+                top = torch.topk(idx[t, : t + 1], kk + 1).values
+                self.index_gap = min(self.index_gap, (top[kk - 1] - top[kk]).item())
+
+    def router_hook(self, mod, _inp, out):
+        x = _inp[0].reshape(-1, mod.weight.shape[1]).float()
+        scores = torch.nn.functional.linear(x, mod.weight.float()).sigmoid()
+        sfc = scores + mod.e_score_correction_bias
+        e, g = mod.num_experts, mod.num_group
+        if g > 1:
+            grp = sfc.view(-1, g, e // g).topk(2, dim=-1)[0].sum(-1)
+            top = torch.topk(grp, mod.topk_group + 1, dim=-1).values
+            self.group_gap = min(self.group_gap, (top[:, -2] - top[:, -1]).min().item())
+            gidx = torch.topk(grp, mod.topk_group, dim=-1)[1]
+            mask = torch.zeros_like(grp).scatter_(1, gidx, 1).unsqueeze(-1).expand(-1, g, e // g).reshape(-1, e)
+            sfc = sfc.masked_fill(~mask.bool(), float("-inf"))
+        k = mod.top_k
+        top = torch.topk(sfc, k + 1, dim=-1).values
+        self.router_gap = min(self.router_gap, (top[:, k - 1] - top[:, k]).min().item())
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def gaps(model, ids):
+    probe = Probe(model)
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    probe.close()
+    return dict(min_router_gap=probe.router_gap, min_group_gap=probe.group_gap, min_index_gap=probe.index_gap)
+
+
 def evaluate(model, prompt):
     with torch.no_grad():
         ids = list(prompt)
@@ -122,6 +232,7 @@ def evaluate(model, prompt):
         top2 = torch.topk(full, 2, dim=-1).values
         tf_margins = [float(x) for x in (top2[:, 0] - top2[:, 1])]
     return dict(
+        **gaps(model, ids),
         full_ids=ids,
         tf_pred=tf,
         gen_min_margin=min(margins),
@@ -131,18 +242,12 @@ def evaluate(model, prompt):
     )
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
-    ap.add_argument("--seeds", default="1:40", help="first:last seed tried, in order")
-    ap.add_argument("--scale", type=float, default=1.5)
-    args = ap.parse_args()
-    assert transformers.__version__.startswith("5."), transformers.__version__
+def make(kind, args):
     prompt = [5, 17, 42, 99, 3, 250, 77, 12, 64, 128, 31, 200]
     first, last = (int(x) for x in args.seeds.split(":"))
-    d = os.path.join(os.path.abspath(args.out), "glm4-moe-lite-tiny")
+    d = os.path.join(os.path.abspath(args.out), kind)
     for seed in range(first, last):
-        model = build(seed, args.scale)
+        model = build(kind, seed, args.scale)
         # The oracle is the checkpoint as written, reloaded.
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(d)
@@ -151,13 +256,18 @@ def main():
         ).eval()
         r = evaluate(model, prompt)
         q = evaluate(int8_copy(model), prompt)
+        gap = min(r[k] for k in ["min_router_gap", "min_group_gap", "min_index_gap"])
+        gap8 = min(q[k] for k in ["min_router_gap", "min_group_gap", "min_index_gap"])
         ok = (
             min(r["gen_min_margin"], r["tf_min_margin"], q["gen_min_margin"], q["tf_min_margin"]) > 0.02
+            and min(gap, gap8) > 1e-3
             and r["distinct"] >= NEW_TOKENS // 2
         )
         print(
             f"seed={seed} margins f32 {r['gen_min_margin']:.4f}/{r['tf_min_margin']:.4f} "
-            f"int8 {q['gen_min_margin']:.4f}/{q['tf_min_margin']:.4f} distinct={r['distinct']}",
+            f"int8 {q['gen_min_margin']:.4f}/{q['tf_min_margin']:.4f} distinct={r['distinct']} "
+            f"gaps router/group/index {r['min_router_gap']:.4f}/{r['min_group_gap']:.4f}/{r['min_index_gap']:.4f} "
+            f"int8 {q['min_router_gap']:.4f}/{q['min_group_gap']:.4f}/{q['min_index_gap']:.4f}",
             flush=True,
         )
         if ok:
@@ -177,10 +287,13 @@ def main():
         "tf_min_margin": r["tf_min_margin"],
         "int8_gen_min_margin": q["gen_min_margin"],
         "int8_tf_min_margin": q["tf_min_margin"],
+        **{k: r[k] for k in ["min_router_gap", "min_group_gap", "min_index_gap"] if r[k] != float("inf")},
+        **{"int8_" + k: q[k] for k in ["min_router_gap", "min_group_gap", "min_index_gap"] if q[k] != float("inf")},
         "logits_last": r["logits_last"],
         "int8_logits_last": q["logits_last"],
         "generator": {
             "script": "tools/make_glm4_moe_lite_fixture.py",
+            "fixture": kind,
             "seed": seed,
             "scale": args.scale,
             "torch": torch.__version__,
@@ -193,7 +306,20 @@ def main():
         json.dump(ref, f)
         f.write("\n")
     cfg = json.load(open(os.path.join(d, "config.json")))
-    print(f"chose seed={seed}; config keys: {sorted(cfg)}")
+    print(f"{kind}: chose seed={seed}; config keys: {sorted(cfg)}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+    ap.add_argument("--seeds", default="1:200", help="first:last seed tried, in order")
+    ap.add_argument("--scale", type=float, default=1.5)
+    ap.add_argument("--only", default=None, choices=sorted(KINDS))
+    args = ap.parse_args()
+    assert transformers.__version__.startswith("5."), transformers.__version__
+    for kind in KINDS:
+        if args.only is None or args.only == kind:
+            make(kind, args)
 
 
 if __name__ == "__main__":

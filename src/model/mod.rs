@@ -12,6 +12,7 @@ pub mod want;
 
 // The families: each is a folder with its registration entry, listed once
 // in `FAMILIES` (see docs/adding-a-family.md).
+pub mod deepseek_v32;
 pub mod glm;
 pub mod glm4_moe_lite;
 pub mod moe_decoder;
@@ -27,6 +28,7 @@ pub(crate) static FAMILIES: &[&dyn family::Family] = &[
     &moe_decoder::GPT_OSS,
     &glm::GLM,
     &glm4_moe_lite::GLM4_MOE_LITE,
+    &deepseek_v32::DEEPSEEK_V32,
     &qwen3_next::QWEN3_NEXT,
 ];
 

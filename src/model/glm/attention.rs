@@ -59,7 +59,11 @@ pub struct AttnCtx<'a> {
 
 impl AttnCtx<'_> {
     fn rotate(&self, v: &mut [f32], pos: usize) {
-        if self.cfg.rope_interleaved() {
+        self.rotate_as(self.cfg.rope_interleaved(), v, pos);
+    }
+
+    fn rotate_as(&self, interleaved: bool, v: &mut [f32], pos: usize) {
+        if interleaved {
             self.rope.apply_interleaved(v, pos);
         } else {
             self.rope.apply_half(v, pos);
@@ -249,14 +253,15 @@ impl AttnCtx<'_> {
         for v in &mut wts {
             *v *= head_scale;
         }
+        let il = cfg.indexer_rope_interleaved();
         for t in 0..n {
             for h in 0..ih {
                 let o = (t * ih + h) * ihd;
-                self.rotate(&mut iq[o..o + rd], span.start + t);
+                self.rotate_as(il, &mut iq[o..o + rd], span.start + t);
             }
             let k = &mut ik[t * ihd..(t + 1) * ihd];
             layer_norm(k, &ix.k_norm_w, &ix.k_norm_b, INDEX_NORM_EPS);
-            self.rotate(&mut k[..rd], span.start + t);
+            self.rotate_as(il, &mut k[..rd], span.start + t);
             cache.index_k.push_rows(k, ihd);
         }
         let keys = cache.index_k.rows_f32(cache.index_k.rows(ihd), ihd);

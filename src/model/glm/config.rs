@@ -1,6 +1,8 @@
-//! GLM-5 (`model_type: "glm_moe_dsa"`), DeepSeek-V3 (`"deepseek_v3"`) and
+//! GLM-5 (`model_type: "glm_moe_dsa"`), DeepSeek-V3 (`"deepseek_v3"`),
+//! DeepSeek-V3.2 (`"deepseek_v32"`, registered by `model/deepseek_v32/`) and
 //! GLM-4.7-Flash (`"glm4_moe_lite"`, registered by `model/glm4_moe_lite/`)
-//! hyper-parameters: MLA attention, the DSA lightning indexer (GLM-5 only),
+//! hyper-parameters: MLA attention, the DSA lightning indexer (GLM-5 and
+//! DeepSeek-V3.2),
 //! a sigmoid group-limited router with shared experts, and an optional
 //! next-token (MTP) module.
 
@@ -11,12 +13,14 @@ use serde::Deserialize;
 use crate::config::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
 
 /// The `model_type`s this config describes.
-pub const MODEL_TYPES: [&str; 3] = ["glm_moe_dsa", "deepseek_v3", "glm4_moe_lite"];
+pub const MODEL_TYPES: [&str; 4] = ["glm_moe_dsa", "deepseek_v3", "glm4_moe_lite", "deepseek_v32"];
 
 /// Which attention a config describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlaFamily {
-    /// GLM-5: every layer is DSA (indexer "full" or "shared").
+    /// DSA, the lightning indexer choosing which positions attention
+    /// reads: GLM-5 (each layer's indexer "full" or "shared") and
+    /// DeepSeek-V3.2 (every layer its own, with rotate-half RoPE in it).
     GlmMoeDsa,
     /// Dense causal MLA attention, no indexer: DeepSeek-V3, and
     /// GLM-4.7-Flash, which transformers builds from the same attention,
@@ -94,6 +98,9 @@ pub struct GlmConfig {
     /// only 1 (all of it) is supported.
     #[serde(default)]
     pub partial_rotary_factor: Option<f64>,
+    /// DeepSeek-V3.2 names every layer's attention ("indexed_attention").
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
     #[serde(default)]
@@ -150,7 +157,7 @@ impl GlmConfig {
     }
 
     pub fn family(&self) -> MlaFamily {
-        if self.model_type == "glm_moe_dsa" {
+        if self.model_type == "glm_moe_dsa" || self.model_type == "deepseek_v32" {
             MlaFamily::GlmMoeDsa
         } else {
             MlaFamily::DeepseekV3
@@ -337,7 +344,7 @@ impl GlmConfig {
             if self.q_lora_rank.is_none() {
                 return bad(
                     "q_lora_rank",
-                    "glm_moe_dsa needs q_lora_rank (the indexer reads it)".into(),
+                    format!("{} needs q_lora_rank (the indexer reads it)", self.model_type),
                 );
             }
             for (field, v) in [
@@ -355,11 +362,17 @@ impl GlmConfig {
                     format!("{} is smaller than qk_rope_head_dim", self.index_head_dim()),
                 );
             }
+            // DeepSeek-V3.2 declares its layers in `layer_types`.
+            let field = if self.model_type == "deepseek_v32" {
+                "layer_types"
+            } else {
+                "indexer_types"
+            };
             match self.indexer_kinds() {
-                Err(e) => return bad("indexer_types", e),
+                Err(e) => return bad(field, e),
                 Ok(k) if k.len() != self.num_hidden_layers => {
                     return bad(
-                        "indexer_types",
+                        field,
                         format!("has {} entries for {} layers", k.len(), self.num_hidden_layers),
                     );
                 }
@@ -395,6 +408,12 @@ impl GlmConfig {
         self.index_n_heads.unwrap_or(32)
     }
 
+    /// RoPE in the DSA indexer: interleaved pairs for GLM-5, rotate-half
+    /// (the first half against the second) for DeepSeek-V3.2.
+    pub fn indexer_rope_interleaved(&self) -> bool {
+        self.model_type != "deepseek_v32"
+    }
+
     /// Interleaved RoPE pairs (2i, 2i+1): always for GLM, by default for DeepSeek-V3.
     pub fn rope_interleaved(&self) -> bool {
         match self.family() {
@@ -427,6 +446,19 @@ impl GlmConfig {
     /// Per-layer indexer mode, as transformers derives it: explicit
     /// `indexer_types`, else `index_topk_pattern`, else the freq/offset schedule.
     pub fn indexer_kinds(&self) -> Result<Vec<IndexerKind>, String> {
+        if self.model_type == "deepseek_v32" {
+            // Every layer indexes for itself.
+            return match &self.layer_types {
+                Some(v) => v
+                    .iter()
+                    .map(|s| match s.as_str() {
+                        "indexed_attention" => Ok(IndexerKind::Full),
+                        other => Err(format!("unknown layer type {other:?} (indexed_attention)")),
+                    })
+                    .collect(),
+                None => Ok(vec![IndexerKind::Full; self.num_hidden_layers]),
+            };
+        }
         let parse = |s: &str| match s {
             "full" | "F" => Ok(IndexerKind::Full),
             "shared" | "S" => Ok(IndexerKind::Shared),

@@ -82,7 +82,7 @@ impl FamilyConfig for GlmConfig {
     }
 
     fn chat_format(&self) -> ChatFormat {
-        if self.model_type == "deepseek_v3" {
+        if self.model_type.starts_with("deepseek") {
             ChatFormat::DEEPSEEK
         } else {
             ChatFormat::GLM

@@ -1,8 +1,9 @@
 //! GLM-5 (`glm_moe_dsa`) and DeepSeek-V3 (`deepseek_v3`): multi-head latent
-//! attention (with the DSA lightning indexer on GLM), a sigmoid group-limited
-//! router with shared experts, dense leading layers, and the optional
-//! next-token (MTP) module used for speculative drafts. Its config,
-//! convert rules and registration ([`GLM`]) are here too.
+//! attention (with the DSA lightning indexer on GLM-5), a sigmoid
+//! group-limited router with shared experts, dense leading layers, and the
+//! optional next-token (MTP) module used for speculative drafts. Its
+//! config, convert rules and registration ([`GLM`]) are here too;
+//! GLM-4.7-Flash and DeepSeek-V3.2 run on it from their own folders.
 
 mod attention;
 pub mod config;
