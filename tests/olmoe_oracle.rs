@@ -104,14 +104,15 @@ fn int8_activations_stay_close_to_the_oracle() {
     // is held to its int8 round-trip oracle exactly on the f32-activation
     // path instead, and to one position in eight here
     // (tests/glm4_gptoss_oracle.rs).
-    // The Qwen3-Next, GLM-4.7-Flash and DeepSeek-V3.2 fixtures likewise
-    // (tests/qwen3_next_oracle.rs, tests/mla_oracle_tf5.rs).
+    // The Qwen3-Next, GLM-4.7-Flash, DeepSeek-V3.2 and MiniMax-M2 fixtures
+    // likewise (tests/qwen3_next_oracle.rs, tests/tf5_families_oracle.rs).
     let narrow = [
         "glm4-moe-tiny",
         "qwen3-next-tiny",
         "qwen3-5-moe-tiny",
         "glm4-moe-lite-tiny",
         "deepseek-v32-tiny",
+        "minimax-m2-tiny",
     ];
     for dir in fixtures()
         .into_iter()

@@ -339,7 +339,7 @@ mod tests {
     fn the_supported_list_is_the_table() {
         assert_eq!(
             supported_model_types(),
-            "olmoe, qwen3_moe, mixtral, glm4_moe, gpt_oss, glm_moe_dsa, deepseek_v3, glm4_moe_lite, deepseek_v32, qwen3_next, qwen3_5_moe, qwen3_5_moe_text"
+            "olmoe, qwen3_moe, mixtral, glm4_moe, gpt_oss, minimax_m2, glm_moe_dsa, deepseek_v3, glm4_moe_lite, deepseek_v32, qwen3_next, qwen3_5_moe, qwen3_5_moe_text"
         );
         let e = ModelConfig::from_json(Path::new("c.json"), serde_json::json!({"model_type": "llama"}))
             .unwrap_err();

@@ -26,6 +26,7 @@ pub(crate) static FAMILIES: &[&dyn family::Family] = &[
     &moe_decoder::QWEN3_MIXTRAL,
     &moe_decoder::GLM4_MOE,
     &moe_decoder::GPT_OSS,
+    &moe_decoder::MINIMAX_M2,
     &glm::GLM,
     &glm4_moe_lite::GLM4_MOE_LITE,
     &deepseek_v32::DEEPSEEK_V32,

@@ -28,6 +28,10 @@ pub enum DecoderKind {
     /// full attention, YaRN RoPE, top-k-then-softmax router with a bias,
     /// clamped SwiGLU experts with biases.
     GptOss,
+    /// MiniMax-M2: Mixtral's expert names, q/k RMSNorm over the whole
+    /// projection, partial rotary, a sigmoid router with a correction bias
+    /// and no groups or shared expert.
+    MiniMaxM2,
 }
 
 /// How a layer's router turns logits into expert weights.
@@ -139,7 +143,8 @@ pub struct MoeDecoderConfig {
     pub qkv_bias: bool,
     /// The output projection carries a bias.
     pub o_bias: bool,
-    /// Per-head q/k RMSNorm.
+    /// q/k RMSNorm: per head, or over the whole projection for MiniMax-M2
+    /// ([`MoeDecoderConfig::qk_norm_full_width`]).
     pub qk_norm: bool,
     /// Leading dimensions of each head RoPE rotates (`partial_rotary_factor`).
     pub rotary_dim: usize,
@@ -405,12 +410,12 @@ impl MoeDecoderConfig {
         };
         let experts_field = match self.kind {
             DecoderKind::Qwen3Moe => "num_experts",
-            DecoderKind::Mixtral | DecoderKind::GptOss => "num_local_experts",
+            DecoderKind::Mixtral | DecoderKind::GptOss | DecoderKind::MiniMaxM2 => "num_local_experts",
             DecoderKind::Glm4Moe => "n_routed_experts",
         };
         let moe_inter_field = match self.kind {
             DecoderKind::Qwen3Moe | DecoderKind::Glm4Moe => "moe_intermediate_size",
-            DecoderKind::Mixtral | DecoderKind::GptOss => "intermediate_size",
+            DecoderKind::Mixtral | DecoderKind::GptOss | DecoderKind::MiniMaxM2 => "intermediate_size",
         };
         for (field, v) in [
             ("max_position_embeddings", self.max_position_embeddings),
@@ -588,6 +593,12 @@ impl MoeDecoderConfig {
         l >= self.first_k_dense_replace
             && !self.mlp_only_layers.contains(&l)
             && (l + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+    }
+
+    /// MiniMax-M2 normalises q and k over all heads at once (one weight of
+    /// `heads × head_dim`), the others per head.
+    pub fn qk_norm_full_width(&self) -> bool {
+        self.kind == DecoderKind::MiniMaxM2
     }
 
     /// The sliding window layer `l` attends through, if any.

@@ -97,6 +97,8 @@ impl FamilyConfig for MoeDecoderConfig {
             DecoderKind::Mixtral => ChatFormat::MISTRAL,
             DecoderKind::Glm4Moe => ChatFormat::GLM4,
             DecoderKind::GptOss => ChatFormat::HARMONY,
+            // Its release ships its own template; this is the fallback.
+            DecoderKind::MiniMaxM2 => ChatFormat::CHATML,
         }
     }
 

@@ -49,10 +49,10 @@ impl MoeDecoder {
                 kv_heads: cfg.num_key_value_heads,
                 head_dim: cfg.head_dim,
                 eps: cfg.rms_norm_eps as f32,
-                qk_norm: if cfg.qk_norm {
-                    QkNorm::PerHead
-                } else {
-                    QkNorm::None
+                qk_norm: match (cfg.qk_norm, cfg.qk_norm_full_width()) {
+                    (false, _) => QkNorm::None,
+                    (true, false) => QkNorm::PerHead,
+                    (true, true) => QkNorm::Full,
                 },
                 clip: None,
                 window: cfg.window(l),
@@ -270,10 +270,11 @@ impl LanguageModel for MoeDecoder {
         let c = &self.cfg;
         fingerprint(&[
             match c.kind {
-                DecoderKind::Qwen3Moe => 0x5177_656e_334d, // "Qwen3M"
-                DecoderKind::Mixtral => 0x4d69_7874_7261,  // "Mixtra"
-                DecoderKind::Glm4Moe => 0x476c_6d34_4d6f,  // "Glm4Mo"
-                DecoderKind::GptOss => 0x4770_744f_7373,   // "GptOss"
+                DecoderKind::Qwen3Moe => 0x5177_656e_334d,  // "Qwen3M"
+                DecoderKind::Mixtral => 0x4d69_7874_7261,   // "Mixtra"
+                DecoderKind::Glm4Moe => 0x476c_6d34_4d6f,   // "Glm4Mo"
+                DecoderKind::GptOss => 0x4770_744f_7373,    // "GptOss"
+                DecoderKind::MiniMaxM2 => 0x4d69_6e69_4d32, // "MiniM2"
             },
             c.vocab_size as u64,
             c.hidden_size as u64,

@@ -22,7 +22,7 @@ use crate::st::Checkpoint;
 pub fn naming(cfg: &MoeDecoderConfig) -> ExpertNaming {
     match cfg.kind {
         DecoderKind::Qwen3Moe | DecoderKind::Glm4Moe | DecoderKind::GptOss => ExpertNaming::MLP,
-        DecoderKind::Mixtral => ExpertNaming::BLOCK_SPARSE,
+        DecoderKind::Mixtral | DecoderKind::MiniMaxM2 => ExpertNaming::BLOCK_SPARSE,
     }
 }
 
@@ -34,6 +34,14 @@ fn router_names(cfg: &MoeDecoderConfig, l: usize) -> (String, Option<String>) {
             Some(format!("model.layers.{l}.mlp.router.bias")),
         ),
         _ => (naming(cfg).router(l), None),
+    }
+}
+
+/// The sigmoid router's correction bias of layer `l`.
+fn correction_name(cfg: &MoeDecoderConfig, l: usize) -> String {
+    match cfg.kind {
+        DecoderKind::MiniMaxM2 => format!("model.layers.{l}.block_sparse_moe.e_score_correction_bias"),
+        _ => format!("model.layers.{l}.mlp.gate.e_score_correction_bias"),
     }
 }
 
@@ -56,9 +64,14 @@ pub fn load_dense(
     for l in 0..cfg.num_hidden_layers {
         let n = |rest: &str| format!("model.layers.{l}.{rest}");
         let (q_norm, k_norm) = if cfg.qk_norm {
+            let (qn, kn) = if cfg.qk_norm_full_width() {
+                (q_dim, kv_dim)
+            } else {
+                (hd, hd)
+            };
             (
-                vec(&n("self_attn.q_norm.weight"), hd)?,
-                vec(&n("self_attn.k_norm.weight"), hd)?,
+                vec(&n("self_attn.q_norm.weight"), qn)?,
+                vec(&n("self_attn.k_norm.weight"), kn)?,
             )
         } else {
             (Vec::new(), Vec::new())
@@ -88,7 +101,7 @@ pub fn load_dense(
             };
             let (correction, shared) = match cfg.router {
                 RouterChoice::Sigmoid { .. } => (
-                    vec(&n("mlp.gate.e_score_correction_bias"), ne)?,
+                    vec(&correction_name(cfg, l), ne)?,
                     match cfg.shared_intermediate {
                         0 => None,
                         inter => Some(load_swiglu(ck, &n("mlp.shared_experts"), h, inter, dense)?),

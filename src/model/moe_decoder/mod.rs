@@ -2,9 +2,10 @@
 //! attention (per-head q/k RMSNorm for Qwen3, none for Mixtral; Mixtral may
 //! use a sliding window), rotate-half RoPE, and a routed MoE of gated
 //! experts (Qwen3 may interleave dense MLP layers). One implementation
-//! serves `qwen3_moe`, `mixtral`, `glm4_moe` and `gpt_oss`;
+//! serves `qwen3_moe`, `mixtral`, `glm4_moe`, `gpt_oss` and `minimax_m2`;
 //! [`MoeDecoderConfig`] carries the differences, and each config parser
-//! (`config.rs` for Qwen3 and Mixtral, `glm4_moe.rs`, `gpt_oss.rs`) has its
+//! (`config.rs` for Qwen3 and Mixtral, `glm4_moe.rs`, `gpt_oss.rs`,
+//! `minimax_m2.rs`) has its
 //! registry entry. OLMoE runs its layers through the same pass
 //! ([`run_pass`]) and predictor.
 
@@ -15,6 +16,7 @@ pub mod glm4_moe;
 pub mod gpt_oss;
 mod gpt_oss_experts;
 mod load;
+pub mod minimax_m2;
 mod predictor;
 mod weights;
 
@@ -26,5 +28,6 @@ pub(crate) use forward::{Pass, run_pass};
 pub(crate) use glm4_moe::GLM4_MOE;
 pub(crate) use gpt_oss::GPT_OSS;
 pub use load::{expert_map, load_dense, naming};
+pub(crate) use minimax_m2::MINIMAX_M2;
 pub use predictor::RouterPredictor;
 pub use weights::{DenseWeights, Ffn, LayerWeights};

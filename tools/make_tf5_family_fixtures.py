@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-# Oracle fixtures for GLM-4.7-Flash (model_type "glm4_moe_lite") and
-# DeepSeek-V3.2 ("deepseek_v32"), written by transformers 5: a tiny
-# random-weight Glm4MoeLiteForCausalLM / DeepseekV32ForCausalLM saved with
+# Oracle fixtures for GLM-4.7-Flash (model_type "glm4_moe_lite"),
+# DeepSeek-V3.2 ("deepseek_v32") and MiniMax-M2 ("minimax_m2"), written by
+# transformers 5: a tiny random-weight Glm4MoeLiteForCausalLM /
+# DeepseekV32ForCausalLM / MiniMaxM2ForCausalLM saved with
 # save_pretrained (transformers 5's config spelling and tensor layout),
 # reloaded, and run by transformers. REF.json has the format of the other
 # fixture scripts (docs/formats.md): prompt_ids, full_ids (greedy
@@ -14,11 +15,11 @@
 # correction bias stay f32).
 # `logits_last` / `int8_logits_last` are the logits at the last position.
 #
-# Pinned versions (fixtures/glm4-moe-lite-tiny and deepseek-v32-tiny were
-# produced with exactly these):
+# Pinned versions (fixtures/glm4-moe-lite-tiny, deepseek-v32-tiny and
+# minimax-m2-tiny were produced with exactly these):
 #   torch==2.9.1  transformers==5.23.0  safetensors==0.8.0  numpy==2.4.6
 # Run (CPU only, deterministic):
-#   OMP_NUM_THREADS=1 python tools/make_glm4_moe_lite_fixture.py [--out fixtures] [--only deepseek-v32-tiny]
+#   OMP_NUM_THREADS=1 python tools/make_tf5_family_fixtures.py [--out fixtures] [--only deepseek-v32-tiny]
 #
 # What it exercises: MLA with low-rank queries (q_a/q_b), the kv latent and
 # interleaved RoPE on the rope head, v_head_dim != qk_nope_head_dim, the
@@ -29,7 +30,10 @@
 # RoPE on its rope dims, a LayerNorm key, ReLU scores weighted per head),
 # with index_topk 8 below the 28 positions, so from the ninth position on
 # attention reads only the selected ones; and two expert groups with
-# topk_group 1.
+# topk_group 1. MiniMax-M2 is Mixtral-shaped (every layer routed, experts
+# under block_sparse_moe.experts.E.w1/w2/w3) with GQA 4/2, q/k RMSNorm over
+# the whole projection, partial rotary 0.5 and the sigmoid router whose
+# correction bias chooses the experts.
 import argparse
 import copy
 import json
@@ -48,6 +52,8 @@ from transformers import (
     DeepseekV32ForCausalLM,
     Glm4MoeLiteConfig,
     Glm4MoeLiteForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
 )
 
 torch.use_deterministic_algorithms(True)
@@ -103,10 +109,30 @@ DSV32 = dict(
 )
 del DSV32["rope_interleave"]
 
+MINIMAX = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    max_position_embeddings=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=1,
+)
+
 # fixture -> (config class, model class, config)
 KINDS = {
     "glm4-moe-lite-tiny": (Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM, CONFIG),
     "deepseek-v32-tiny": (DeepseekV32Config, DeepseekV32ForCausalLM, DSV32),
+    "minimax-m2-tiny": (MiniMaxM2Config, MiniMaxM2ForCausalLM, MINIMAX),
 }
 
 
@@ -161,7 +187,12 @@ class Probe:
             if ix is not None:
                 self.handles.append(ix.register_forward_hook(self.indexer_hook, with_kwargs=True))
             if hasattr(layer.mlp, "gate"):
-                self.handles.append(layer.mlp.gate.register_forward_hook(self.router_hook))
+                # MiniMax-M2 keeps the correction bias on the block, not the router.
+                bias = getattr(layer.mlp.gate, "e_score_correction_bias", None)
+                if bias is None:
+                    bias = layer.mlp.e_score_correction_bias
+                hook = lambda mod, inp, out, bias=bias: self.router_hook(mod, inp, bias)
+                self.handles.append(layer.mlp.gate.register_forward_hook(hook))
 
     def indexer_hook(self, mod, args, kwargs, out):
         from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
@@ -189,11 +220,11 @@ class Probe:
                 top = torch.topk(idx[t, : t + 1], kk + 1).values
                 self.index_gap = min(self.index_gap, (top[kk - 1] - top[kk]).item())
 
-    def router_hook(self, mod, _inp, out):
+    def router_hook(self, mod, _inp, bias):
         x = _inp[0].reshape(-1, mod.weight.shape[1]).float()
         scores = torch.nn.functional.linear(x, mod.weight.float()).sigmoid()
-        sfc = scores + mod.e_score_correction_bias
-        e, g = mod.num_experts, mod.num_group
+        sfc = scores + bias
+        e, g = mod.num_experts, getattr(mod, "num_group", 1)
         if g > 1:
             grp = sfc.view(-1, g, e // g).topk(2, dim=-1)[0].sum(-1)
             top = torch.topk(grp, mod.topk_group + 1, dim=-1).values
@@ -292,7 +323,7 @@ def make(kind, args):
         "logits_last": r["logits_last"],
         "int8_logits_last": q["logits_last"],
         "generator": {
-            "script": "tools/make_glm4_moe_lite_fixture.py",
+            "script": "tools/make_tf5_family_fixtures.py",
             "fixture": kind,
             "seed": seed,
             "scale": args.scale,

@@ -1,11 +1,14 @@
-//! GLM-4.7-Flash (`glm4_moe_lite`) and DeepSeek-V3.2 (`deepseek_v32`)
-//! against transformers 5 (fixtures/{glm4-moe-lite-tiny,deepseek-v32-tiny}/
-//! REF.json, written by tools/make_glm4_moe_lite_fixture.py from
-//! checkpoints transformers 5 saved): MLA with low-rank queries and
+//! GLM-4.7-Flash (`glm4_moe_lite`), DeepSeek-V3.2 (`deepseek_v32`) and
+//! MiniMax-M2 (`minimax_m2`) against transformers 5
+//! (fixtures/{glm4-moe-lite-tiny,deepseek-v32-tiny,minimax-m2-tiny}/
+//! REF.json, written by tools/make_tf5_family_fixtures.py from checkpoints
+//! transformers 5 saved). The first two: MLA with low-rank queries and
 //! interleaved RoPE, the sigmoid router with its correction bias and a
 //! shared expert, dense and sparse layers by `mlp_layer_types`; DeepSeek-V3.2
 //! adds the DSA indexer on every layer (rotate-half RoPE in it) with a
-//! selection smaller than the context, and two expert groups.
+//! selection smaller than the context, and two expert groups. MiniMax-M2:
+//! GQA with q/k RMSNorm over the whole projection, partial rotary, Mixtral's
+//! expert names and the sigmoid router with its correction bias.
 //! Token-exact in f32 (mapped, and streamed with the pilot), at int8
 //! against transformers on the int8 round-trip weights, after `coli
 //! convert`; logits close to transformers'; configs the engine cannot run
@@ -24,7 +27,7 @@ use support::oracle::{
     ref_logits, reference, streamed,
 };
 
-const FIXTURES: [&str; 2] = ["glm4-moe-lite-tiny", "deepseek-v32-tiny"];
+const FIXTURES: [&str; 3] = ["glm4-moe-lite-tiny", "deepseek-v32-tiny", "minimax-m2-tiny"];
 
 #[test]
 fn f32_is_token_exact_mapped_and_streamed() {
@@ -48,7 +51,7 @@ fn int8_is_token_exact_against_transformers_on_the_same_weights() {
 
 /// Int8 activations approximate the int8 oracle (the fixtures' margins are
 /// narrower than that path's error): within one teacher-forced position in
-/// three (measured 6 and 7 of 28; DeepSeek-V3.2's indexer turns a small
+/// three (measured 6, 7 and 2 of 28; DeepSeek-V3.2's indexer turns a small
 /// error into another selection).
 #[test]
 fn int8_activations_stay_close() {
@@ -127,7 +130,7 @@ fn configs_they_cannot_run_are_refused_by_name() {
     let read = |name: &str| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap()
     };
-    let cases: [(&str, &str, serde_json::Value, &str); 6] = [
+    let cases: [(&str, &str, serde_json::Value, &str); 8] = [
         (
             FIXTURES[0],
             "rope_parameters",
@@ -154,6 +157,18 @@ fn configs_they_cannot_run_are_refused_by_name() {
         ),
         (FIXTURES[1], "index_topk", serde_json::json!(0), "index_topk"),
         (FIXTURES[1], "q_lora_rank", serde_json::Value::Null, "q_lora_rank"),
+        (
+            FIXTURES[2],
+            "rope_parameters",
+            serde_json::json!({"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 1.5}),
+            "partial_rotary_factor",
+        ),
+        (
+            FIXTURES[2],
+            "scoring_func",
+            serde_json::json!("softmax"),
+            "scoring_func",
+        ),
     ];
     for (name, field, value, named) in cases {
         let mut c = read(name);
