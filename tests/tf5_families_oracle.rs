@@ -19,12 +19,11 @@ mod support;
 use std::path::Path;
 
 use colibri::convert::convert;
-use colibri::engine::{Engine, EngineOptions};
 use colibri::model::family::ModelConfig;
 use colibri::quant::QFormat;
 use support::oracle::{
-    exact, exact_kv, fixture, int8_acts, int8_oracle, int8_path, last_logits, max_diff, mismatches,
-    ref_logits, reference, streamed,
+    assert_last_logits_close, exact, exact_kv, fixture, int8_acts_tf_mismatches, int8_oracle, int8_path,
+    mismatches, reference, streamed,
 };
 
 const FIXTURES: [&str; 3] = ["glm4-moe-lite-tiny", "deepseek-v32-tiny", "minimax-m2-tiny"];
@@ -56,10 +55,7 @@ fn int8_is_token_exact_against_transformers_on_the_same_weights() {
 #[test]
 fn int8_activations_stay_close() {
     for name in FIXTURES {
-        let dir = fixture(name);
-        let int8 = int8_oracle(&dir);
-        let (_, tf) = mismatches(&dir, &int8, &int8_acts());
-        let total = int8.full_ids.len();
+        let (tf, total) = int8_acts_tf_mismatches(&fixture(name));
         eprintln!("{name}: int8 activations, {tf}/{total} teacher-forced mismatches");
         assert!(tf * 3 <= total, "{name}: {tf}/{total} teacher-forced mismatches");
     }
@@ -86,21 +82,7 @@ fn coli_convert_keeps_them_exact() {
 #[test]
 fn last_position_logits_are_close_to_transformers() {
     for name in FIXTURES {
-        let dir = fixture(name);
-        let (f32_ref, int8_ref) = (
-            ref_logits(&dir, "logits_last"),
-            ref_logits(&dir, "int8_logits_last"),
-        );
-        let mut e = Engine::load(&dir, &exact_kv()).unwrap();
-        let d = max_diff(&last_logits(&mut e, &reference(&dir).full_ids), &f32_ref);
-        let mut e = Engine::load(&dir, &int8_path()).unwrap();
-        let d8 = max_diff(&last_logits(&mut e, &int8_oracle(&dir).full_ids), &int8_ref);
-        let mut e = Engine::load(&dir, &EngineOptions::default()).unwrap();
-        let d16 = max_diff(&last_logits(&mut e, &reference(&dir).full_ids), &f32_ref);
-        eprintln!(
-            "{name}: |f32 - oracle| {d:.2e}, |int8 - int8 oracle| {d8:.2e}, |f16 KV - oracle| {d16:.2e}"
-        );
-        assert!(d < 1e-3 && d8 < 1e-3 && d16 < 1e-2, "{name}: {d} {d8} {d16}");
+        assert_last_logits_close(name, &fixture(name));
     }
 }
 

@@ -95,3 +95,31 @@ pub fn ref_logits(dir: &Path, key: &str) -> Vec<f32> {
         serde_json::from_str(&std::fs::read_to_string(dir.join("REF.json")).unwrap()).unwrap();
     serde_json::from_value(v[key].clone()).unwrap()
 }
+
+/// Teacher-forced mismatches of the int8-activation path against the
+/// fixture's int8 oracle, and the positions compared.
+pub fn int8_acts_tf_mismatches(dir: &Path) -> (usize, usize) {
+    let int8 = int8_oracle(dir);
+    let (_, tf) = mismatches(dir, &int8, &int8_acts());
+    (tf, int8.full_ids.len())
+}
+
+/// How far the last-position logits are from the oracle's: f32 weights
+/// and KV cache, int8 weights (against the int8 oracle), and the default
+/// f16 KV cache; each bounded (1e-3, 1e-3, 1e-2) and printed.
+pub fn assert_last_logits_close(name: &str, dir: &Path) {
+    let (f32_ref, int8_ref) = (
+        ref_logits(dir, "logits_last"),
+        ref_logits(dir, "int8_logits_last"),
+    );
+    let mut e = Engine::load(dir, &exact_kv()).unwrap();
+    let d = max_diff(&last_logits(&mut e, &reference(dir).full_ids), &f32_ref);
+    let mut e = Engine::load(dir, &int8_path()).unwrap();
+    let d8 = max_diff(&last_logits(&mut e, &int8_oracle(dir).full_ids), &int8_ref);
+    let mut e = Engine::load(dir, &EngineOptions::default()).unwrap();
+    let d16 = max_diff(&last_logits(&mut e, &reference(dir).full_ids), &f32_ref);
+    eprintln!("{name}: |f32 - oracle| {d:.2e}, |int8 - int8 oracle| {d8:.2e}, |f16 KV - oracle| {d16:.2e}");
+    assert!(d < 1e-3, "{name}: f32 logits {d} from the oracle");
+    assert!(d8 < 1e-3, "{name}: int8 logits {d8} from the int8 oracle");
+    assert!(d16 < 1e-2, "{name}: f16-KV logits {d16} from the oracle");
+}
