@@ -674,3 +674,92 @@ async fn a_tool_loop_runs_to_an_answer_on_both_apis() {
         "read {read} of a {first_input}-token prefix: {v}"
     );
 }
+
+/// The bundled model with a Qwen3.5-shaped template, whose calls are XML.
+fn qwen_xml_model() -> tempfile::TempDir {
+    let template = std::fs::read_to_string(repo().join("fixtures/chat-templates/qwen35-xml-tools.jinja"))
+        .expect("qwen35-xml-tools.jinja");
+    model_with_template(&template)
+}
+
+/// A template that writes Qwen3.5's XML calls is read in that format: a
+/// forced call is generated in it (the grammar) and read back (the parser)
+/// into calls of offered tools whose arguments have the schema's types, on
+/// both APIs, streamed or not; an assistant turn's calls render back into
+/// the prompt of the next request. (The tool takes no string: a string
+/// value is free text up to `</parameter>`, which the random-ish bundled
+/// model need not close within a test's token budget.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen35_xml_calls_are_forced_and_read_back() {
+    let model = qwen_xml_model();
+    let srv = HttpServer::start(model.path(), &[]);
+    let tools = json!([
+        {"type": "function", "function": {"name": "synonyms", "description": "Words that mean the same",
+            "parameters": {"type": "object", "required": ["count", "exact"],
+                "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 5},
+                               "exact": {"type": "boolean"}}}}}
+    ]);
+    for seed in 1..=3 {
+        let body = json!({
+            "messages": [{"role": "user", "content": "what does river mean?"}],
+            "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+            "temperature": 1.0, "seed": seed, "max_tokens": 200,
+        });
+        let (status, v) = srv.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "seed {seed}: {v}");
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "seed {seed}: {v}");
+        let calls = choice["message"]["tool_calls"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(calls.len(), 1, "seed {seed}: {v}");
+        assert_eq!(calls[0]["function"]["name"], "synonyms");
+        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap_or("null"))
+            .expect("arguments are JSON");
+        assert!(args["exact"].is_boolean(), "seed {seed}: {args}");
+        let count = args["count"].as_i64().unwrap_or(0);
+        assert!((1..=5).contains(&count), "seed {seed}: {args}");
+        // Streamed: the same call.
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events = srv.stream("/v1/chat/completions", &streamed).await;
+        let (m, finish) = openai_message(&events);
+        assert_eq!(finish, "tool_calls", "seed {seed}: {m}");
+        assert_eq!(
+            without_ids(&m)["tool_calls"],
+            without_ids(&choice["message"])["tool_calls"],
+            "seed {seed}"
+        );
+        // The call and its result go back in the next request.
+        let next = json!({
+            "messages": [
+                {"role": "user", "content": "what does river mean?"},
+                choice["message"].clone(),
+                {"role": "tool", "tool_call_id": calls[0]["id"].clone(), "content": "stream, brook"},
+            ],
+            "tools": tools, "max_tokens": 8, "seed": seed,
+        });
+        let (status, v) = srv.post("/v1/chat/completions", &next).await;
+        assert_eq!(status, 200, "seed {seed}: {v}");
+    }
+    // On the Anthropic API too.
+    let body = json!({
+        "model": "m", "max_tokens": 200, "temperature": 1.0,
+        "messages": [{"role": "user", "content": "what does river mean?"}],
+        "tools": [{"name": "synonyms", "description": "Words that mean the same",
+            "input_schema": tools[0]["function"]["parameters"].clone()}],
+        "tool_choice": {"type": "any"},
+    });
+    let (status, v) = srv.post("/v1/messages", &body).await;
+    assert_eq!(status, 200, "{v}");
+    let uses: Vec<&Value> = v["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "tool_use")
+        .collect();
+    assert_eq!(uses.len(), 1, "{v}");
+    assert_eq!(uses[0]["name"], "synonyms");
+    assert!(uses[0]["input"]["exact"].is_boolean(), "{v}");
+}

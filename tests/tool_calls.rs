@@ -213,6 +213,7 @@ fn cases() -> Vec<Case> {
     let harmony = d(CallSyntax::Harmony, false);
     let deepseek = d(CallSyntax::DeepSeek { fenced: true }, true);
     let mistral = d(CallSyntax::Mistral, false);
+    let qwen_xml = d(CallSyntax::QwenXml, false);
     let case = |name, template, dialect, end, max_calls, content| Case {
         name,
         template,
@@ -226,6 +227,14 @@ fn cases() -> Vec<Case> {
             "qwen3-tools",
             fixture("qwen3-tools.jinja"),
             hermes,
+            "<|im_end|>",
+            3,
+            Where::Content,
+        ),
+        case(
+            "qwen35-xml-tools",
+            fixture("qwen35-xml-tools.jinja"),
+            qwen_xml,
             "<|im_end|>",
             3,
             Where::Content,
@@ -465,6 +474,8 @@ fn segment(syntax: CallSyntax) -> impl Strategy<Value = String> {
         Just("<tool_call>".to_string()),
         Just("</tool_call>".to_string()),
         Just("<arg_key>x</arg_key>".to_string()),
+        Just("<function=now>".to_string()),
+        Just("</parameter>".to_string()),
         Just("[TOOL_CALLS]".to_string()),
         Just("<｜tool▁calls▁begin｜>".to_string()),
         Just("<|channel|>".to_string()),
@@ -497,6 +508,14 @@ fn written(syntax: CallSyntax, c: &ToolCall) -> String {
             }
             s + "</tool_call>"
         }
+        CallSyntax::QwenXml => {
+            let mut s = format!("<tool_call>\n<function={}>\n", c.name);
+            for (k, v) in c.arguments.as_object().unwrap() {
+                let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                s.push_str(&format!("<parameter={k}>\n{v}\n</parameter>\n"));
+            }
+            s + "</function>\n</tool_call>"
+        }
         CallSyntax::Harmony => format!(
             "<|start|>assistant<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{args}<|end|>",
             c.name
@@ -520,6 +539,7 @@ fn syntaxes() -> Vec<(CallSyntax, bool)> {
         (CallSyntax::Harmony, false),
         (CallSyntax::DeepSeek { fenced: true }, true),
         (CallSyntax::Mistral, false),
+        (CallSyntax::QwenXml, false),
     ]
 }
 
@@ -528,7 +548,7 @@ proptest! {
 
     #[test]
     fn pieces_parse_as_the_whole(
-        which in 0usize..6,
+        which in 0usize..7,
         sizes in proptest::collection::vec(1usize..12, 1..6),
         in_reasoning in any::<bool>(),
         tools_on in any::<bool>(),

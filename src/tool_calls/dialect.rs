@@ -10,6 +10,10 @@ pub enum CallSyntax {
     /// Qwen3 and Hermes: `<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>`,
     /// one block per call.
     Hermes,
+    /// Qwen3-Coder and Qwen3.5 / 3.6: `<tool_call>\n<function=N>\n`, per
+    /// argument `<parameter=K>\nV\n</parameter>\n`, `</function>\n</tool_call>`;
+    /// values typed by the tool's schema as GLM's are.
+    QwenXml,
     /// GLM-4.5 and later, GLM-5: `<tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`,
     /// string values raw and others as JSON; `newlines`: GLM-4.5/4.6 put a
     /// newline after the name and after each tag (GLM-4.7 and GLM-5 none).
@@ -83,6 +87,17 @@ impl Dialect {
         match self.calls {
             None => {}
             Some(CallSyntax::Hermes) => out.extend([super::hermes::OPEN, super::hermes::CLOSE]),
+            Some(CallSyntax::QwenXml) => {
+                use super::qwen_xml::*;
+                out.extend([
+                    OPEN,
+                    CLOSE,
+                    FUNCTION_OPEN,
+                    FUNCTION_CLOSE,
+                    PARAM_OPEN,
+                    PARAM_CLOSE,
+                ]);
+            }
             Some(CallSyntax::Glm { .. }) => {
                 use super::glm::*;
                 out.extend([OPEN, CLOSE, KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE]);
@@ -166,6 +181,9 @@ fn calls_of_template(source: &str) -> Option<CallSyntax> {
     }
     if source.contains("[TOOL_CALLS]") {
         return Some(CallSyntax::Mistral);
+    }
+    if source.contains("<function=") && source.contains("<parameter=") {
+        return Some(CallSyntax::QwenXml);
     }
     if source.contains("<tool_call>") {
         return Some(CallSyntax::Hermes);

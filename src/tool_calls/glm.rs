@@ -77,7 +77,7 @@ fn parse(inner: &str, tools: &ToolSet) -> Option<ToolCall> {
 }
 
 /// `raw` as the value of argument `key` of `tool`.
-fn typed(raw: &str, tool: &ToolSpec, key: &str) -> Value {
+pub(crate) fn typed(raw: &str, tool: &ToolSpec, key: &str) -> Value {
     let text = || Value::String(raw.to_string());
     let Some(schema) = tool.property(key) else {
         return text();

@@ -15,7 +15,7 @@
 use serde_json::{Value, json};
 
 use super::dialect::{CallSyntax, Dialect, THINK_CLOSE, THINK_OPEN};
-use super::{ToolSpec, deepseek, glm, harmony, hermes, mistral};
+use super::{ToolSpec, deepseek, glm, harmony, hermes, mistral, qwen_xml};
 use crate::grammar::compile::with_json_options;
 
 /// What must be called.
@@ -60,6 +60,7 @@ pub fn forced_call(
     };
     let calls = match syntax {
         CallSyntax::Hermes => g.hermes(f),
+        CallSyntax::QwenXml => g.qwen_xml(f),
         CallSyntax::Glm { newlines } => g.glm(f, newlines),
         CallSyntax::DeepSeek { fenced } => g.deepseek(f, fenced),
         CallSyntax::Mistral => g.mistral(f),
@@ -178,6 +179,47 @@ impl Lark<'_> {
         self.rules
             .push(format!("call: {open} \"\\n\" %json {json} \"\\n\" {close}"));
         self.repeated("call", "\"\\n\" ", f)
+    }
+
+    /// Qwen3.5's parameters come in the schema's property order (required
+    /// ones always, the others optionally); a `string` parameter's value is
+    /// any text up to `</parameter>`, any other a JSON value of its schema.
+    fn qwen_xml(&mut self, f: &Forced<'_>) -> String {
+        let call = self.per_tool("call", f, |g, tool| {
+            let mut parts = vec![
+                g.lit(qwen_xml::OPEN),
+                quoted(&format!("\n{}{}>\n", qwen_xml::FUNCTION_OPEN, tool.name)),
+            ];
+            let schema = tool.parameters_schema();
+            let required: Vec<&str> = schema
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (key, prop) in props {
+                    let mut pair = vec![quoted(&format!("{}{key}>\n", qwen_xml::PARAM_OPEN))];
+                    if prop.get("type").and_then(Value::as_str) == Some("string") {
+                        pair.push(g.until(qwen_xml::PARAM_CLOSE));
+                    } else {
+                        pair.push(format!("%json {}", schema_text(prop)));
+                        pair.push(quoted(&format!("\n{}", qwen_xml::PARAM_CLOSE)));
+                    }
+                    pair.push("\"\\n\"".into());
+                    let pair = pair.join(" ");
+                    parts.push(if required.contains(&key.as_str()) {
+                        pair
+                    } else {
+                        format!("({pair})?")
+                    });
+                }
+            }
+            parts.push(quoted(qwen_xml::FUNCTION_CLOSE));
+            parts.push("\"\\n\"".into());
+            parts.push(g.lit(qwen_xml::CLOSE));
+            parts.join(" ")
+        });
+        self.repeated(&call, "\"\\n\" ", f)
     }
 
     /// GLM's pairs come in the schema's property order (required ones

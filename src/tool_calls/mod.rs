@@ -5,7 +5,7 @@
 //! - [`dialect`]: the formats ([`CallSyntax`]), which one a template shows;
 //! - [`stream`]: the incremental parser ([`ReplyParser`]): fed pieces of
 //!   text, it emits content, reasoning and whole tool calls ([`Delta`]);
-//! - [`hermes`], [`glm`], [`deepseek`], [`mistral`]: one call block of each
+//! - [`hermes`], [`qwen_xml`], [`glm`], [`deepseek`], [`mistral`]: one call block of each
 //!   format; [`harmony`]: gpt-oss's messages, which carry both reasoning
 //!   and calls;
 //! - [`grammar`]: the Lark grammar (llguidance's dialect) that forces a
@@ -23,6 +23,7 @@ pub mod grammar;
 pub mod harmony;
 pub mod hermes;
 pub mod mistral;
+pub mod qwen_xml;
 pub mod stream;
 mod text;
 

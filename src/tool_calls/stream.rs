@@ -7,7 +7,7 @@
 use super::dialect::{CallSyntax, Dialect, THINK_CLOSE, THINK_OPEN};
 use super::harmony::Harmony;
 use super::text::{Trimmed, could_become, find_first, partial_suffix};
-use super::{Block, Delta, Reply, ToolSet, deepseek, glm, hermes, mistral};
+use super::{Block, Delta, Reply, ToolSet, deepseek, glm, hermes, mistral, qwen_xml};
 
 /// Parses one reply.
 #[derive(Debug)]
@@ -140,6 +140,7 @@ struct Markers {
 fn openers(syntax: CallSyntax) -> &'static [&'static str] {
     match syntax {
         CallSyntax::Hermes => &[hermes::OPEN],
+        CallSyntax::QwenXml => &[qwen_xml::OPEN],
         CallSyntax::Glm { .. } => &[glm::OPEN],
         CallSyntax::DeepSeek { .. } => &[deepseek::OPEN],
         CallSyntax::Mistral => &[mistral::OPEN],
@@ -228,6 +229,7 @@ impl Markers {
                     }
                     let block = match syntax {
                         CallSyntax::Hermes => hermes::scan(&self.buf, at_end, tools),
+                        CallSyntax::QwenXml => qwen_xml::scan(&self.buf, at_end, tools),
                         CallSyntax::Glm { .. } => glm::scan(&self.buf, at_end, tools),
                         CallSyntax::DeepSeek { .. } => deepseek::scan(&self.buf, at_end, tools),
                         CallSyntax::Mistral => mistral::scan(&self.buf, at_end, tools),
