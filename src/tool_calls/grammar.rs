@@ -99,6 +99,24 @@ fn regex_escaped(text: &str) -> String {
     out
 }
 
+/// A tool's parameters in the schema's property order: name, schema, and
+/// whether it is required (the formats that write one block per argument).
+fn params(tool: &ToolSpec) -> Vec<(String, Value, bool)> {
+    let schema = tool.parameters_schema();
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, p)| (k.clone(), p.clone(), required.contains(&k.as_str())))
+        .collect()
+}
+
 /// A schema as `%json` takes it, with the JSON options every constraint
 /// gets ([`with_json_options`]: bounded whitespace, so a model cannot spend
 /// its budget on blank lines inside a call). Lenient: an agent's tool
@@ -190,29 +208,17 @@ impl Lark<'_> {
                 g.lit(qwen_xml::OPEN),
                 quoted(&format!("\n{}{}>\n", qwen_xml::FUNCTION_OPEN, tool.name)),
             ];
-            let schema = tool.parameters_schema();
-            let required: Vec<&str> = schema
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|r| r.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-                for (key, prop) in props {
-                    let mut pair = vec![quoted(&format!("{}{key}>\n", qwen_xml::PARAM_OPEN))];
-                    if prop.get("type").and_then(Value::as_str) == Some("string") {
-                        pair.push(g.until(qwen_xml::PARAM_CLOSE));
-                    } else {
-                        pair.push(format!("%json {}", schema_text(prop)));
-                        pair.push(quoted(&format!("\n{}", qwen_xml::PARAM_CLOSE)));
-                    }
-                    pair.push("\"\\n\"".into());
-                    let pair = pair.join(" ");
-                    parts.push(if required.contains(&key.as_str()) {
-                        pair
-                    } else {
-                        format!("({pair})?")
-                    });
+            for (key, prop, required) in params(tool) {
+                let mut pair = vec![quoted(&format!("{}{key}>\n", qwen_xml::PARAM_OPEN))];
+                if prop.get("type").and_then(Value::as_str) == Some("string") {
+                    pair.push(g.until(qwen_xml::PARAM_CLOSE));
+                } else {
+                    pair.push(format!("%json {}", schema_text(&prop)));
+                    pair.push(quoted(&format!("\n{}", qwen_xml::PARAM_CLOSE)));
                 }
+                pair.push("\"\\n\"".into());
+                let pair = pair.join(" ");
+                parts.push(if required { pair } else { format!("({pair})?") });
             }
             parts.push(quoted(qwen_xml::FUNCTION_CLOSE));
             parts.push("\"\\n\"".into());
@@ -229,35 +235,23 @@ impl Lark<'_> {
         let nl = if newlines { "\n" } else { "" };
         let call = self.per_tool("call", f, |g, tool| {
             let mut parts = vec![g.lit(glm::OPEN), quoted(&format!("{}{nl}", tool.name))];
-            let schema = tool.parameters_schema();
-            let required: Vec<&str> = schema
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|r| r.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-                for (key, prop) in props {
-                    let mut pair = vec![g.lit(glm::KEY_OPEN), quoted(key), g.lit(glm::KEY_CLOSE)];
-                    if newlines {
-                        pair.push("\"\\n\"".into());
-                    }
-                    pair.push(g.lit(glm::VALUE_OPEN));
-                    if prop.get("type").and_then(Value::as_str) == Some("string") {
-                        pair.push(g.until(glm::VALUE_CLOSE));
-                    } else {
-                        pair.push(format!("%json {}", schema_text(prop)));
-                        pair.push(g.lit(glm::VALUE_CLOSE));
-                    }
-                    if newlines {
-                        pair.push("\"\\n\"".into());
-                    }
-                    let pair = pair.join(" ");
-                    parts.push(if required.contains(&key.as_str()) {
-                        pair
-                    } else {
-                        format!("({pair})?")
-                    });
+            for (key, prop, required) in params(tool) {
+                let mut pair = vec![g.lit(glm::KEY_OPEN), quoted(&key), g.lit(glm::KEY_CLOSE)];
+                if newlines {
+                    pair.push("\"\\n\"".into());
                 }
+                pair.push(g.lit(glm::VALUE_OPEN));
+                if prop.get("type").and_then(Value::as_str) == Some("string") {
+                    pair.push(g.until(glm::VALUE_CLOSE));
+                } else {
+                    pair.push(format!("%json {}", schema_text(&prop)));
+                    pair.push(g.lit(glm::VALUE_CLOSE));
+                }
+                if newlines {
+                    pair.push("\"\\n\"".into());
+                }
+                let pair = pair.join(" ");
+                parts.push(if required { pair } else { format!("({pair})?") });
             }
             parts.push(g.lit(glm::CLOSE));
             parts.join(" ")
