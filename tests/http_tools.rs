@@ -749,7 +749,8 @@ async fn qwen35_xml_calls_are_forced_and_read_back() {
         "messages": [{"role": "user", "content": "what does river mean?"}],
         "tools": [{"name": "synonyms", "description": "Words that mean the same",
             "input_schema": tools[0]["function"]["parameters"].clone()}],
-        "tool_choice": {"type": "any"},
+        // One call, whatever the sampler draws (the API has no seed).
+        "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
     });
     let (status, v) = srv.post("/v1/messages", &body).await;
     assert_eq!(status, 200, "{v}");
