@@ -19,8 +19,8 @@ use colibri::quant::QFormat;
 use colibri::st::Checkpoint;
 use colibri_actors::Tag;
 use support::oracle::{
-    assert_last_logits_close, exact, exact_kv, fixture, int8_acts_tf_mismatches, int8_oracle, int8_path,
-    last_logits, max_diff, ref_logits, reference, streamed,
+    assert_last_logits_close, exact, exact_kv, exact_mapped_and_streamed, fixture, int8_acts_tf_mismatches,
+    int8_oracle, int8_path, last_logits, max_diff, ref_logits, reference,
 };
 
 const FIXTURES: [&str; 2] = ["qwen3-next-tiny", "qwen3-5-moe-tiny"];
@@ -65,8 +65,7 @@ fn f32_is_token_exact_mapped_and_streamed() {
     for name in FIXTURES {
         let dir = fixture(name);
         let r = reference(&dir);
-        exact(&dir, &r, &exact_kv());
-        exact(&dir, &r, &streamed(exact_kv()));
+        exact_mapped_and_streamed(&dir, &r, exact_kv());
     }
 }
 
@@ -75,8 +74,7 @@ fn int8_is_token_exact_against_transformers_on_the_same_weights() {
     for name in FIXTURES {
         let dir = fixture(name);
         let int8 = int8_oracle(&dir);
-        exact(&dir, &int8, &int8_path());
-        exact(&dir, &int8, &streamed(int8_path()));
+        exact_mapped_and_streamed(&dir, &int8, int8_path());
     }
 }
 
@@ -103,8 +101,7 @@ fn coli_convert_keeps_them_exact() {
             int8_acts: false,
             ..exact_kv()
         };
-        exact(&out, &int8_oracle(&dir), &f32_acts);
-        exact(&out, &int8_oracle(&dir), &streamed(f32_acts));
+        exact_mapped_and_streamed(&out, &int8_oracle(&dir), f32_acts);
         let f32_out = tmp.path().join(format!("{name}-f32"));
         convert(&dir, &f32_out, QFormat::F32, QFormat::F32, None).unwrap();
         exact(&f32_out, &reference(&dir), &exact_kv());

@@ -22,8 +22,8 @@ use colibri::convert::convert;
 use colibri::model::family::ModelConfig;
 use colibri::quant::QFormat;
 use support::oracle::{
-    assert_last_logits_close, exact, exact_kv, fixture, int8_acts_tf_mismatches, int8_oracle, int8_path,
-    mismatches, reference, streamed,
+    assert_last_logits_close, exact, exact_kv, exact_mapped_and_streamed, fixture, int8_acts_tf_mismatches,
+    int8_oracle, int8_path, mismatches, reference,
 };
 
 const FIXTURES: [&str; 3] = ["glm4-moe-lite-tiny", "deepseek-v32-tiny", "minimax-m2-tiny"];
@@ -33,8 +33,7 @@ fn f32_is_token_exact_mapped_and_streamed() {
     for name in FIXTURES {
         let dir = fixture(name);
         let r = reference(&dir);
-        exact(&dir, &r, &exact_kv());
-        exact(&dir, &r, &streamed(exact_kv()));
+        exact_mapped_and_streamed(&dir, &r, exact_kv());
     }
 }
 
@@ -43,8 +42,7 @@ fn int8_is_token_exact_against_transformers_on_the_same_weights() {
     for name in FIXTURES {
         let dir = fixture(name);
         let int8 = int8_oracle(&dir);
-        exact(&dir, &int8, &int8_path());
-        exact(&dir, &int8, &streamed(int8_path()));
+        exact_mapped_and_streamed(&dir, &int8, int8_path());
     }
 }
 
@@ -68,8 +66,7 @@ fn coli_convert_keeps_them_exact() {
         let dir = fixture(name);
         let out = tmp.path().join(format!("{name}-int8"));
         convert(&dir, &out, QFormat::Int8, QFormat::Int8, None).unwrap();
-        exact(&out, &int8_oracle(&dir), &int8_path());
-        exact(&out, &int8_oracle(&dir), &streamed(int8_path()));
+        exact_mapped_and_streamed(&out, &int8_oracle(&dir), int8_path());
         let f32_out = tmp.path().join(format!("{name}-f32"));
         convert(&dir, &f32_out, QFormat::F32, QFormat::F32, None).unwrap();
         exact(&f32_out, &reference(&dir), &exact_kv());

@@ -264,10 +264,11 @@ const KV_LAYOUT: KvLayout = KvLayout {
     state_bytes: 0,
 };
 
-fn kv_records(tokens: std::ops::Range<u32>) -> Option<KvRecords> {
-    let mut r = KvRecords::new(KV_LAYOUT);
+/// Records of `layout` whose payload bytes are their token's low byte.
+fn kv_records(layout: KvLayout, tokens: std::ops::Range<u32>) -> Option<KvRecords> {
+    let mut r = KvRecords::new(layout);
     for t in tokens {
-        r.push(t, &[t as u8; 12]).ok()?;
+        r.push(t, &vec![t as u8; layout.payload_bytes]).ok()?;
     }
     Some(r)
 }
@@ -281,7 +282,7 @@ fn kv_image(steps: &[(u64, std::ops::Range<u32>)]) -> Vec<u8> {
         return Vec::new();
     };
     for (at, toks) in steps {
-        if let Some(r) = kv_records(toks.clone()) {
+        if let Some(r) = kv_records(KV_LAYOUT, toks.clone()) {
             let _ = f.append(*at, &r);
         }
     }
@@ -307,14 +308,6 @@ const KV_STATE_LAYOUT: KvLayout = KvLayout {
     state_bytes: 40,
 };
 
-fn kv_state_records(tokens: std::ops::Range<u32>) -> Option<KvRecords> {
-    let mut r = KvRecords::new(KV_STATE_LAYOUT);
-    for t in tokens {
-        r.push(t, &[t as u8; 12]).ok()?;
-    }
-    Some(r)
-}
-
 /// The recurrent part saved after `n` records: it names its position.
 fn kv_state_bytes(n: u64) -> Vec<u8> {
     (0..KV_STATE_LAYOUT.state_bytes)
@@ -336,7 +329,7 @@ fn kv_state_image(steps: &[(u64, Option<std::ops::Range<u32>>)]) -> Vec<u8> {
     };
     for (at, toks) in steps {
         let _ = match toks {
-            Some(t) => kv_state_records(t.clone()).map(|r| f.append(*at, &r)),
+            Some(t) => kv_records(KV_STATE_LAYOUT, t.clone()).map(|r| f.append(*at, &r)),
             None => Some(f.save_state(*at, &kv_state_bytes(*at))),
         };
     }
@@ -387,7 +380,7 @@ fn kv_state_check(input: &[u8]) -> Verdict {
         _ => {}
     }
     let accepted = matches!(load, KvLoad::Loaded { .. }) && state.is_some();
-    let Some(more) = kv_state_records(900..902) else {
+    let Some(more) = kv_records(KV_STATE_LAYOUT, 900..902) else {
         return Verdict::Broken("test records".into());
     };
     let end = held.len() as u64 + 2;
@@ -445,7 +438,7 @@ fn kv_check(input: &[u8]) -> Verdict {
         _ => {}
     }
     let accepted = matches!(load, KvLoad::Loaded { .. });
-    let Some(more) = kv_records(900..902) else {
+    let Some(more) = kv_records(KV_LAYOUT, 900..902) else {
         return Verdict::Broken("test records".into());
     };
     if let Err(e) = f.append(held.len() as u64, &more) {

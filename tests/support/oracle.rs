@@ -39,6 +39,13 @@ pub fn exact(model: &Path, r: &Reference, opts: &EngineOptions) {
     );
 }
 
+/// [`exact`] with the experts mapped in place and streamed through a
+/// two-expert cache with the pilot.
+pub fn exact_mapped_and_streamed(model: &Path, r: &Reference, opts: EngineOptions) {
+    exact(model, r, &opts);
+    exact(model, r, &streamed(opts));
+}
+
 /// f32 weights, activations and KV cache.
 pub fn exact_kv() -> EngineOptions {
     EngineOptions {
