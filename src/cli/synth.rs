@@ -21,7 +21,12 @@ pub struct SynthArgs {
     /// int8), qwen3-tiny, mixtral-8x7b (Mixtral-8x7B's real shape, about
     /// 47 GB at int8), mixtral-tiny, glm-4.5-air (GLM-4.5-Air's real shape,
     /// about 107 GB at int8), glm4-tiny, gpt-oss-20b (gpt-oss-20b's real
-    /// shape, about 21 GB at int8) or gpt-oss-tiny.
+    /// shape, about 21 GB at int8), gpt-oss-tiny, qwen3.6-35b-a3b (about
+    /// 35 GB at int8), qwen3.5-397b-a17b (int4-g64, 4 layers by default),
+    /// qwen35-tiny, minimax-m2 (int4-g64, 4 layers by default),
+    /// minimax-tiny, deepseek-v3.2 (int4-g64, 4 layers by default),
+    /// deepseek-v32-tiny, glm-4.7-flash (about 30 GB at int8) or
+    /// glm47-flash-tiny; an unknown name lists them all.
     #[arg(long, default_value = "olmoe-1b-7b")]
     pub preset: String,
     /// Decoder layers (default: the preset's).
@@ -37,8 +42,9 @@ pub struct SynthArgs {
     #[arg(long)]
     pub scale: Option<f64>,
     /// Routed experts' format (default: the preset's, int8 for OLMoE,
-    /// Qwen3-MoE, Mixtral, GLM-4.x and gpt-oss, int4-g64 for GLM-5; int4-gN
-    /// is offered for every family but OLMoE).
+    /// Qwen3-MoE, Mixtral, GLM-4.x, gpt-oss, Qwen3.6-35B-A3B and
+    /// GLM-4.7-Flash, int4-g64 for GLM-5, Qwen3.5-397B-A17B, MiniMax-M2 and
+    /// DeepSeek-V3.2; int4-gN is offered for every family but OLMoE).
     #[arg(long)]
     pub expert_format: Option<String>,
     /// Dense matrices: int8 or f32 (norms and router always stay f32).

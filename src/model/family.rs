@@ -23,6 +23,7 @@ use crate::convert::{ConvertError, ModelSpec};
 use crate::gguf::{GgufError, GgufModel};
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
+use crate::synth::SynthPreset;
 
 /// One registration entry: the `model_type` strings a family reads and how
 /// it parses them. Implemented by a unit struct in the family's folder,
@@ -39,6 +40,13 @@ pub(crate) trait Family: Sync {
     /// Small valid config.json values the config fuzzer mutates (one per
     /// `model_type` at least, each accepted by [`Family::parse`]).
     fn fuzz_seeds(&self) -> Vec<serde_json::Value>;
+
+    /// The `coli synth --preset`s of this family's shapes (the real
+    /// releases' and a tiny one for tests), so synth lists every preset
+    /// through this registry.
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[]
+    }
 
     /// The llama.cpp architecture names (a GGUF's `general.architecture`)
     /// this family reads; none until the family adds its GGUF mapping in

@@ -26,7 +26,14 @@ type Tensor = (String, Vec<usize>);
 impl DecoderShape {
     /// The two layer norms and the four attention projections of layer `l`
     /// (with q/k/v biases when `qkv_bias`, and an o bias when `o_bias`).
-    fn attention(&self, l: usize, h: usize, heads: usize, qkv_bias: bool, o_bias: bool) -> Vec<Tensor> {
+    pub(crate) fn attention(
+        &self,
+        l: usize,
+        h: usize,
+        heads: usize,
+        qkv_bias: bool,
+        o_bias: bool,
+    ) -> Vec<Tensor> {
         let n = |rest: &str| format!("model.layers.{l}.{rest}");
         let (q, kv) = (heads * self.head_dim, self.kv_heads * self.head_dim);
         let mut out = vec![

@@ -72,6 +72,55 @@ impl GlmShape {
         }
     }
 
+    /// The config.json keys every MLA family (GLM-5, DeepSeek-V3.2,
+    /// GLM-4.7-Flash) writes alike, in DeepSeek-V3's names; each family
+    /// adds its `model_type`, its layer pattern and its indexer's keys.
+    pub(crate) fn mla_config_json(&self, s: &super::SynthSpec) -> serde_json::Map<String, serde_json::Value> {
+        let v = serde_json::json!({
+            "vocab_size": s.vocab,
+            "hidden_size": s.hidden,
+            "intermediate_size": self.dense_intermediate,
+            "moe_intermediate_size": s.intermediate,
+            "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads,
+            "num_key_value_heads": s.heads,
+            "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "qk_head_dim": self.qk_nope_head_dim + self.qk_rope_head_dim,
+            "v_head_dim": self.v_head_dim,
+            "n_routed_experts": s.experts,
+            "n_shared_experts": self.n_shared_experts,
+            "num_experts_per_tok": s.top_k,
+            "n_group": self.n_group,
+            "topk_group": self.topk_group,
+            "norm_topk_prob": true,
+            "routed_scaling_factor": self.routed_scaling_factor,
+            "max_position_embeddings": s.max_position_embeddings,
+            "rope_parameters": { "rope_type": "default", "rope_theta": s.rope_theta },
+            "rms_norm_eps": s.rms_norm_eps,
+            "attention_bias": false,
+            "hidden_act": "silu",
+            "tie_word_embeddings": false,
+            "num_nextn_predict_layers": 0,
+            "bos_token_id": null,
+            "eos_token_id": s.eos_id(),
+            "colibri_synthetic": { "seed": s.seed },
+        });
+        match v {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// `mlp_layer_types`: the leading `first_dense` layers dense.
+    pub(crate) fn mlp_layer_types(&self, layers: usize) -> Vec<&'static str> {
+        (0..layers)
+            .map(|l| if l < self.first_dense { "dense" } else { "sparse" })
+            .collect()
+    }
+
     /// Per-layer tensors of decoder layer `l` as a Hugging Face GLM-5
     /// checkpoint names them (unsorted), for a model of hidden size `h`,
     /// `heads` attention heads, `experts` routed experts of intermediate
@@ -83,6 +132,18 @@ impl GlmShape {
         heads: usize,
         experts: usize,
         inter: usize,
+    ) -> Vec<(String, Vec<usize>)> {
+        self.mla_layer_tensors(l, (h, heads, experts, inter), true)
+    }
+
+    /// Decoder layer `l`'s tensors of an MLA model of `(hidden, heads,
+    /// experts, expert intermediate)` (unsorted), with the DSA indexer's
+    /// when `indexer` (GLM-5, DeepSeek-V3.2; GLM-4.7-Flash has none).
+    pub(crate) fn mla_layer_tensors(
+        &self,
+        l: usize,
+        (h, heads, experts, inter): (usize, usize, usize, usize),
+        indexer: bool,
     ) -> Vec<(String, Vec<usize>)> {
         let n = |rest: &str| format!("model.layers.{l}.{rest}");
         let (q, kv, rope) = (self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim);
@@ -103,12 +164,16 @@ impl GlmShape {
                 vec![heads * (self.qk_nope_head_dim + self.v_head_dim), kv],
             ),
             (n("self_attn.o_proj.weight"), vec![h, heads * self.v_head_dim]),
-            (n("self_attn.indexer.wq_b.weight"), vec![ih * ihd, q]),
-            (n("self_attn.indexer.wk.weight"), vec![ihd, h]),
-            (n("self_attn.indexer.k_norm.weight"), vec![ihd]),
-            (n("self_attn.indexer.k_norm.bias"), vec![ihd]),
-            (n("self_attn.indexer.weights_proj.weight"), vec![ih, h]),
         ];
+        if indexer {
+            out.extend([
+                (n("self_attn.indexer.wq_b.weight"), vec![ih * ihd, q]),
+                (n("self_attn.indexer.wk.weight"), vec![ihd, h]),
+                (n("self_attn.indexer.k_norm.weight"), vec![ihd]),
+                (n("self_attn.indexer.k_norm.bias"), vec![ihd]),
+                (n("self_attn.indexer.weights_proj.weight"), vec![ih, h]),
+            ]);
+        }
         let mlp = |prefix: &str, i: usize| {
             [
                 (n(&format!("{prefix}.gate_proj.weight")), vec![i, h]),

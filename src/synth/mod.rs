@@ -10,6 +10,7 @@
 mod decoder;
 mod glm;
 mod measure;
+mod registered;
 mod rng;
 mod shape;
 mod spec;
@@ -17,6 +18,7 @@ mod spec;
 pub use decoder::{DecoderShape, Glm4Shape};
 pub use glm::GlmShape;
 pub use measure::{PassResult, decode_pass, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt};
+pub use registered::{Registered, SynthFamily, SynthPreset, SynthTensor, presets};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
 pub use shape::ModelShape;
 pub use spec::{Family, SpecError, SynthSpec};

@@ -2,19 +2,21 @@
 
 use std::path::Path;
 
+use super::registered::Registered;
 use super::{DecoderShape, Glm4Shape, GlmShape};
 use crate::config::ConfigError;
 use crate::convert::InputTensor;
 use crate::model::expert::ExpertNaming;
+use crate::model::family::ModelConfig;
 use crate::model::glm::GlmConfig;
 use crate::model::moe_decoder::MoeDecoderConfig;
 use crate::quant::QFormat;
 use crate::st::Dtype;
 
 /// Which model family a synthetic model is, with the hyper-parameters only
-/// that family has. Everything that differs between families (config.json,
-/// tensor names and shapes, checks, the convert rules) is decided by
-/// matching on this, so a new family is one more variant.
+/// that family has. The first six families' shapes are matched on here;
+/// a family added since keeps its shape in its own folder and comes in as
+/// [`Family::Registered`], so it adds no arm to these matches.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Family {
     /// OLMoE (`olmoe`): multi-head attention of `hidden / heads`-sized
@@ -48,6 +50,9 @@ pub enum Family {
         attn: DecoderShape,
         sliding_window: usize,
     },
+    /// A family whose synthetic shape lives in its own folder
+    /// (Qwen3.5/3.6, MiniMax-M2, DeepSeek-V3.2, GLM-4.7-Flash).
+    Registered(Registered),
 }
 
 impl Family {
@@ -60,6 +65,7 @@ impl Family {
             Family::Glm(_) => "glm_moe_dsa",
             Family::Glm4Moe(_) => "glm4_moe",
             Family::GptOss { .. } => "gpt_oss",
+            Family::Registered(r) => r.0.model_type(),
         }
     }
 
@@ -72,6 +78,7 @@ impl Family {
             Family::Glm(_) => "GLM",
             Family::Glm4Moe(_) => "GLM-4",
             Family::GptOss { .. } => "gpt-oss",
+            Family::Registered(r) => r.0.name(),
         }
     }
 
@@ -83,7 +90,7 @@ impl Family {
                 Some(attn)
             }
             Family::Glm4Moe(g) => Some(&g.attn),
-            Family::Olmoe | Family::Glm(_) => None,
+            Family::Olmoe | Family::Glm(_) | Family::Registered(_) => None,
         }
     }
 }
@@ -114,11 +121,8 @@ pub struct SynthSpec {
 /// Why a spec cannot be built.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SpecError {
-    #[error(
-        "unknown preset {0:?} (use olmoe-1b-7b, small, tiny, glm-5, glm-tiny, qwen3-30b-a3b, qwen3-tiny, \
-         mixtral-8x7b, mixtral-tiny, glm-4.5-air, glm4-tiny, gpt-oss-20b or gpt-oss-tiny)"
-    )]
-    Preset(String),
+    #[error("unknown preset {name:?} (use one of: {known})")]
+    Preset { name: String, known: String },
     #[error("{0}")]
     Invalid(String),
 }
@@ -447,21 +451,15 @@ impl SynthSpec {
     }
 
     pub fn preset(name: &str) -> Result<Self, SpecError> {
-        match name {
-            "olmoe-1b-7b" => Ok(Self::olmoe_1b_7b()),
-            "small" => Ok(Self::small()),
-            "tiny" => Ok(Self::tiny()),
-            "glm-5" => Ok(Self::glm5()),
-            "glm-tiny" => Ok(Self::glm_tiny()),
-            "qwen3-30b-a3b" => Ok(Self::qwen3_30b_a3b()),
-            "qwen3-tiny" => Ok(Self::qwen3_tiny()),
-            "mixtral-8x7b" => Ok(Self::mixtral_8x7b()),
-            "mixtral-tiny" => Ok(Self::mixtral_tiny()),
-            "glm-4.5-air" => Ok(Self::glm45_air()),
-            "glm4-tiny" => Ok(Self::glm4_tiny()),
-            "gpt-oss-20b" => Ok(Self::gpt_oss_20b()),
-            "gpt-oss-tiny" => Ok(Self::gpt_oss_tiny()),
-            _ => Err(SpecError::Preset(name.to_string())),
+        match super::registered::presets().find(|p| p.name == name) {
+            Some(p) => Ok((p.build)()),
+            None => Err(SpecError::Preset {
+                name: name.to_string(),
+                known: super::registered::presets()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
         }
     }
 
@@ -495,6 +493,10 @@ impl SynthSpec {
                     "--scale is not offered for GLM presets (glm-tiny is the small one)".into(),
                 ));
             }
+            Family::Registered(r) => {
+                r.0 = r.0.scaled(&round).map_err(SpecError::Invalid)?;
+                64
+            }
         };
         self.hidden = round(self.hidden, hidden_step);
         self.intermediate = round(self.intermediate, 8);
@@ -505,9 +507,10 @@ impl SynthSpec {
     /// Size of one attention head: hidden / heads for OLMoE, the family's
     /// own for the Llama-style decoders.
     pub fn head_dim(&self) -> usize {
-        match self.family.decoder() {
-            Some(attn) => attn.head_dim,
-            None => self.hidden / self.heads,
+        match (&self.family, self.family.decoder()) {
+            (Family::Registered(r), _) => r.0.head_dim(self),
+            (_, Some(attn)) => attn.head_dim,
+            (_, None) => self.hidden / self.heads,
         }
     }
 
@@ -519,6 +522,7 @@ impl SynthSpec {
             Family::Olmoe | Family::Qwen3Moe { .. } | Family::Mixtral { .. } | Family::GptOss { .. } => {
                 self.layers
             }
+            Family::Registered(r) => r.0.sparse_layers(self),
         }
     }
 
@@ -547,7 +551,24 @@ impl SynthSpec {
             Family::Qwen3Moe { .. } | Family::Mixtral { .. } | Family::Glm4Moe(_) | Family::GptOss { .. } => {
                 self.validate_decoder()
             }
+            Family::Registered(_) => self.validate_registered(),
         }
+    }
+
+    /// A registered family's checks: formats its loader reads, a sparse
+    /// layer, and the family's own config validation (through the registry,
+    /// as the engine will read it) on the config.json this spec writes.
+    fn validate_registered(&self) -> Result<(), SpecError> {
+        self.check_formats(self.family.name())?;
+        if self.sparse_layers() == 0 {
+            return Err(SpecError::Invalid(format!(
+                "{} layers leave no sparse layer (use more --layers)",
+                self.layers
+            )));
+        }
+        let config = ModelConfig::from_json(Path::new("config.json"), self.config_json())
+            .map_err(|e| SpecError::Invalid(e.to_string()))?;
+        config.family().invariants().map_err(SpecError::Invalid)
     }
 
     /// OLMoE's checks: even heads, and the formats synth offers it.
@@ -638,12 +659,13 @@ impl SynthSpec {
     /// `</s>`, GLM-4's `<|endoftext|>`, gpt-oss's `<|return|>`), else the
     /// last id.
     pub fn eos_id(&self) -> usize {
-        let real = match self.family {
+        let real = match &self.family {
             Family::Olmoe | Family::Glm(_) => 50279,
             Family::Qwen3Moe { .. } => 151645,
             Family::Mixtral { .. } => 2,
             Family::Glm4Moe(_) => 151329,
             Family::GptOss { .. } => 200002,
+            Family::Registered(r) => r.0.eos_id(),
         };
         if self.vocab > real { real } else { self.vocab - 1 }
     }
@@ -660,6 +682,7 @@ impl SynthSpec {
             Family::Mixtral { attn } => self.mixtral_config_json(attn),
             Family::Glm4Moe(g) => self.glm4_config_json(g),
             Family::GptOss { attn, sliding_window } => self.gpt_oss_config_json(attn, *sliding_window),
+            Family::Registered(r) => r.0.config_json(self),
         }
     }
 
@@ -838,46 +861,20 @@ impl SynthSpec {
     /// config.json as transformers writes it for `glm_moe_dsa` (no MTP
     /// layer: the synthetic model has none).
     fn glm_config_json(&self, g: &GlmShape) -> serde_json::Value {
-        serde_json::json!({
-            "architectures": ["GlmMoeDsaForCausalLM"],
-            "model_type": "glm_moe_dsa",
-            "vocab_size": self.vocab,
-            "hidden_size": self.hidden,
-            "intermediate_size": g.dense_intermediate,
-            "moe_intermediate_size": self.intermediate,
-            "num_hidden_layers": self.layers,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.heads,
-            "q_lora_rank": g.q_lora_rank,
-            "kv_lora_rank": g.kv_lora_rank,
-            "qk_nope_head_dim": g.qk_nope_head_dim,
-            "qk_rope_head_dim": g.qk_rope_head_dim,
-            "qk_head_dim": g.qk_nope_head_dim + g.qk_rope_head_dim,
-            "head_dim": g.qk_rope_head_dim,
-            "v_head_dim": g.v_head_dim,
-            "n_routed_experts": self.experts,
-            "n_shared_experts": g.n_shared_experts,
-            "num_experts_per_tok": self.top_k,
-            "n_group": g.n_group,
-            "topk_group": g.topk_group,
-            "norm_topk_prob": true,
-            "routed_scaling_factor": g.routed_scaling_factor,
-            "first_k_dense_replace": g.first_dense,
-            "index_topk": g.index_topk,
-            "index_head_dim": g.index_head_dim,
-            "index_n_heads": g.index_n_heads,
-            "indexer_types": vec!["full"; self.layers],
-            "max_position_embeddings": self.max_position_embeddings,
-            "rope_parameters": { "rope_type": "default", "rope_theta": self.rope_theta },
-            "rms_norm_eps": self.rms_norm_eps,
-            "attention_bias": false,
-            "hidden_act": "silu",
-            "tie_word_embeddings": false,
-            "num_nextn_predict_layers": 0,
-            "bos_token_id": null,
-            "eos_token_id": self.eos_id(),
-            "colibri_synthetic": { "seed": self.seed },
-        })
+        let mut m = g.mla_config_json(self);
+        for (k, v) in [
+            ("architectures", serde_json::json!(["GlmMoeDsaForCausalLM"])),
+            ("model_type", serde_json::json!("glm_moe_dsa")),
+            ("head_dim", serde_json::json!(g.qk_rope_head_dim)),
+            ("first_k_dense_replace", serde_json::json!(g.first_dense)),
+            ("index_topk", serde_json::json!(g.index_topk)),
+            ("index_head_dim", serde_json::json!(g.index_head_dim)),
+            ("index_n_heads", serde_json::json!(g.index_n_heads)),
+            ("indexer_types", serde_json::json!(vec!["full"; self.layers])),
+        ] {
+            m.insert(k.to_string(), v);
+        }
+        serde_json::Value::Object(m)
     }
 
     /// Every tensor of the model as a Hugging Face checkpoint of its family
@@ -898,6 +895,7 @@ impl SynthSpec {
                 Family::Mixtral { attn } => attn.layer_tensors(l, dims, false, ExpertNaming::BLOCK_SPARSE),
                 Family::Glm4Moe(g) => g.layer_tensors(l, dims),
                 Family::GptOss { attn, .. } => attn.gpt_oss_layer_tensors(l, dims),
+                Family::Registered(r) => r.0.layer_tensors(self, l),
             });
         }
         out.sort();
@@ -943,6 +941,11 @@ impl SynthSpec {
     pub(crate) fn distribution(&self, name: &str, shape: &[usize]) -> (f32, f32) {
         const SQRT3: f32 = 1.732_050_8;
         let unit = |fan_in: usize| SQRT3 / (fan_in as f32).sqrt();
+        if let Family::Registered(r) = &self.family
+            && let Some(d) = r.0.distribution(name, shape)
+        {
+            return d;
+        }
         if shape.len() == 1 {
             return if name.ends_with("bias") || name.ends_with("sinks") {
                 (0.0, 0.1)
@@ -1028,14 +1031,11 @@ mod tests {
     /// Bytes of the container `spec` would be, from the planner's entries
     /// (each expert's start rounded up to the 4096-byte alignment).
     fn planned_bytes(s: &SynthSpec) -> u64 {
-        let cfg = s.decoder_config(Path::new("c.json")).unwrap();
-        let model = crate::model::family::FamilyConfig::convert_spec(
-            &cfg,
-            Path::new("c.json"),
-            s.expert_format,
-            s.dense_format,
-        )
-        .unwrap();
+        let cfg = ModelConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
+        let model = cfg
+            .family()
+            .convert_spec(Path::new("c.json"), s.expert_format, s.dense_format)
+            .unwrap();
         let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
         let align = crate::convert::ALIGN;
         jobs.iter().fold(0, |at, j| {
@@ -1425,5 +1425,41 @@ mod tests {
         let mut s = SynthSpec::tiny();
         s.top_k = 9;
         assert!(s.validate().is_err());
+    }
+
+    /// The sizes the registered presets' doc comments and
+    /// docs/benchmarks.md give, from the planner's own entries:
+    /// (preset, GB of the default container, MB of one expert).
+    #[test]
+    fn registered_presets_have_the_sizes_their_docs_give() {
+        for (p, gb, expert_mb) in [
+            ("qwen3.6-35b-a3b", 34.9, 3.16),
+            ("qwen3.5-397b-a17b", 17.1, 7.08),
+            ("minimax-m2", 9.6, 7.96),
+            ("deepseek-v3.2", 10.3, 24.8),
+            ("glm-4.7-flash", 30.0, 9.46),
+        ] {
+            let s = SynthSpec::preset(p).unwrap();
+            let total = planned_bytes(&s) as f64 / 1e9;
+            let cfg = ModelConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
+            let model = cfg
+                .family()
+                .convert_spec(Path::new("c.json"), s.expert_format, s.dense_format)
+                .unwrap();
+            let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
+            let routed: u64 = jobs
+                .iter()
+                .filter(|j| j.source.tensor.contains(".experts."))
+                .flat_map(|j| j.entries())
+                .map(|e| e.len)
+                .sum();
+            let expert = routed / (s.sparse_layers() * s.experts) as u64;
+            eprintln!("{p}: {total:.2} GB, {:.3} MB an expert", expert as f64 / 1e6);
+            assert!((total / gb - 1.0).abs() < 0.02, "{p}: {total:.2} GB");
+            assert!(
+                (expert as f64 / 1e6 / expert_mb - 1.0).abs() < 0.02,
+                "{p}: {expert} B an expert"
+            );
+        }
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
 use crate::model::glm::GlmConfig;
+use crate::synth::SynthPreset;
 
 /// The registry entry for DeepSeek-V3.2.
 pub(crate) struct DeepseekV32Family;
@@ -17,6 +18,19 @@ pub(crate) static DEEPSEEK_V32: DeepseekV32Family = DeepseekV32Family;
 impl Family for DeepseekV32Family {
     fn model_types(&self) -> &'static [&'static str] {
         &["deepseek_v32"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "deepseek-v3.2",
+                build: super::synth::deepseek_v32,
+            },
+            SynthPreset {
+                name: "deepseek-v32-tiny",
+                build: super::synth::deepseek_v32_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

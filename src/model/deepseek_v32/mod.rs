@@ -6,5 +6,6 @@
 //! selection. This folder is its registration.
 
 mod family;
+pub mod synth;
 
 pub(crate) use family::DEEPSEEK_V32;

@@ -2,6 +2,7 @@
 //! "deepseek_v3", their MLA KV size, loader (with the MTP module when the
 //! checkpoint has it), convert rules, chat format and fuzz invariants.
 
+use crate::synth::{SynthPreset, SynthSpec};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -29,6 +30,19 @@ pub(crate) static GLM: GlmFamily = GlmFamily;
 impl Family for GlmFamily {
     fn model_types(&self) -> &'static [&'static str] {
         &["glm_moe_dsa", "deepseek_v3"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "glm-5",
+                build: SynthSpec::glm5,
+            },
+            SynthPreset {
+                name: "glm-tiny",
+                build: SynthSpec::glm_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
 use crate::model::glm::GlmConfig;
+use crate::synth::SynthPreset;
 
 /// The registry entry for GLM-4.7-Flash.
 pub(crate) struct Glm4MoeLiteFamily;
@@ -17,6 +18,19 @@ pub(crate) static GLM4_MOE_LITE: Glm4MoeLiteFamily = Glm4MoeLiteFamily;
 impl Family for Glm4MoeLiteFamily {
     fn model_types(&self) -> &'static [&'static str] {
         &["glm4_moe_lite"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "glm-4.7-flash",
+                build: super::synth::glm47_flash,
+            },
+            SynthPreset {
+                name: "glm47-flash-tiny",
+                build: super::synth::glm47_flash_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

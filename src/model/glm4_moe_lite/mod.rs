@@ -7,5 +7,6 @@
 //! folder is its registration.
 
 mod family;
+pub mod synth;
 
 pub(crate) use family::GLM4_MOE_LITE;

@@ -5,6 +5,7 @@
 //! loader, convert rules, chat format by [`DecoderKind`], invariants) is
 //! here once.
 
+use crate::synth::{SynthPreset, SynthSpec};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -33,6 +34,27 @@ pub(crate) static QWEN3_MIXTRAL: Qwen3Mixtral = Qwen3Mixtral;
 impl Family for Qwen3Mixtral {
     fn model_types(&self) -> &'static [&'static str] {
         &["qwen3_moe", "mixtral"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "qwen3-30b-a3b",
+                build: SynthSpec::qwen3_30b_a3b,
+            },
+            SynthPreset {
+                name: "qwen3-tiny",
+                build: SynthSpec::qwen3_tiny,
+            },
+            SynthPreset {
+                name: "mixtral-8x7b",
+                build: SynthSpec::mixtral_8x7b,
+            },
+            SynthPreset {
+                name: "mixtral-tiny",
+                build: SynthSpec::mixtral_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

@@ -5,6 +5,7 @@
 //! after `first_k_dense_replace` dense layers. Parsed into the shared
 //! [`MoeDecoderConfig`].
 
+use crate::synth::{SynthPreset, SynthSpec};
 use std::path::Path;
 
 use serde::Deserialize;
@@ -179,6 +180,19 @@ pub(crate) static GLM4_MOE: Glm4Moe = Glm4Moe;
 impl Family for Glm4Moe {
     fn model_types(&self) -> &'static [&'static str] {
         &["glm4_moe"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "glm-4.5-air",
+                build: SynthSpec::glm45_air,
+            },
+            SynthPreset {
+                name: "glm4-tiny",
+                build: SynthSpec::glm4_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

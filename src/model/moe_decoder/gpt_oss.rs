@@ -4,6 +4,7 @@
 //! RoPE, a biased router whose top-k logits are softmaxed, and experts with
 //! biases and a clamped SwiGLU. Parsed into the shared [`MoeDecoderConfig`].
 
+use crate::synth::{SynthPreset, SynthSpec};
 use std::path::Path;
 
 use serde::Deserialize;
@@ -166,6 +167,19 @@ pub(crate) static GPT_OSS: GptOss = GptOss;
 impl Family for GptOss {
     fn model_types(&self) -> &'static [&'static str] {
         &["gpt_oss"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "gpt-oss-20b",
+                build: SynthSpec::gpt_oss_20b,
+            },
+            SynthPreset {
+                name: "gpt-oss-tiny",
+                build: SynthSpec::gpt_oss_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

@@ -5,7 +5,7 @@
 //! serves `qwen3_moe`, `mixtral`, `glm4_moe`, `gpt_oss` and `minimax_m2`;
 //! [`MoeDecoderConfig`] carries the differences, and each config parser
 //! (`config.rs` for Qwen3 and Mixtral, `glm4_moe.rs`, `gpt_oss.rs`,
-//! `minimax_m2.rs`) has its
+//! `minimax_m2/`) has its
 //! registry entry. OLMoE runs its layers through the same pass
 //! ([`run_pass`]) and predictor.
 

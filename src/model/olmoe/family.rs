@@ -1,6 +1,7 @@
 //! OLMoE's registration: `model_type` "olmoe", its KV size, loader,
 //! convert rules, chat format and fuzz invariants.
 
+use crate::synth::{SynthPreset, SynthSpec};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -29,6 +30,23 @@ pub(crate) static OLMOE: OlmoeFamily = OlmoeFamily;
 impl Family for OlmoeFamily {
     fn model_types(&self) -> &'static [&'static str] {
         &["olmoe"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "olmoe-1b-7b",
+                build: SynthSpec::olmoe_1b_7b,
+            },
+            SynthPreset {
+                name: "small",
+                build: SynthSpec::small,
+            },
+            SynthPreset {
+                name: "tiny",
+                build: SynthSpec::tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

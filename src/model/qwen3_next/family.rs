@@ -22,6 +22,7 @@ use crate::model::moe_decoder::{convert_spec, expert_map};
 use crate::model::olmoe::LoadOptions;
 use crate::quant::QFormat;
 use crate::st::Checkpoint;
+use crate::synth::SynthPreset;
 
 /// The registry entry for `qwen3_next`, `qwen3_5_moe` and `qwen3_5_moe_text`.
 pub(crate) struct Qwen3NextFamily;
@@ -32,6 +33,23 @@ pub(crate) static QWEN3_NEXT: Qwen3NextFamily = Qwen3NextFamily;
 impl Family for Qwen3NextFamily {
     fn model_types(&self) -> &'static [&'static str] {
         &Qwen3NextConfig::MODEL_TYPES
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "qwen3.6-35b-a3b",
+                build: super::synth::qwen36_35b_a3b,
+            },
+            SynthPreset {
+                name: "qwen3.5-397b-a17b",
+                build: super::synth::qwen35_397b_a17b,
+            },
+            SynthPreset {
+                name: "qwen35-tiny",
+                build: super::synth::qwen35_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {

@@ -16,6 +16,7 @@ mod family;
 pub mod forward;
 mod predictor;
 pub mod state;
+pub mod synth;
 mod weights;
 
 pub use config::Qwen3NextConfig;

@@ -14,6 +14,9 @@ use serde::Deserialize;
 use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, check_counts, parse_rope};
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
+use crate::synth::SynthPreset;
+
+pub mod synth;
 
 /// `config.json` of a MiniMax-M2 checkpoint (defaults are `MiniMaxM2Config`'s).
 #[derive(Deserialize)]
@@ -170,6 +173,19 @@ pub(crate) static MINIMAX_M2: MiniMaxM2 = MiniMaxM2;
 impl Family for MiniMaxM2 {
     fn model_types(&self) -> &'static [&'static str] {
         &["minimax_m2"]
+    }
+
+    fn synth_presets(&self) -> &'static [SynthPreset] {
+        &[
+            SynthPreset {
+                name: "minimax-m2",
+                build: synth::minimax_m2,
+            },
+            SynthPreset {
+                name: "minimax-tiny",
+                build: synth::minimax_tiny,
+            },
+        ]
     }
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {
