@@ -1,5 +1,6 @@
 //! `coli convert` from the input precisions releases ship, for the
-//! Qwen3-MoE, GLM-4.x and gpt-oss families: FP8 (e4m3 with 128x128
+//! Qwen3-MoE, GLM-4.x, gpt-oss, MiniMax-M2, DeepSeek-V3.2, GLM-4.7-Flash and
+//! Qwen3.5 families: FP8 (e4m3 with 128x128
 //! `_scale_inv` block scales, BF16 elsewhere, as in Qwen3-*-FP8 and
 //! GLM-4.5-FP8) and BF16 (GLM-4.5, gpt-oss's BF16 release with its fused,
 //! interleaved, input-major experts read through strided views). Each input
@@ -110,9 +111,11 @@ fn write_dir(src: &Path, dir: &Path, tensors: &[Tensor]) {
 /// 128-row blocks, the last one partial (vocab 259 / 263 = 3 blocks).
 fn fp8_in_release(name: &str, shape: &[usize]) -> bool {
     shape.len() == 2
-        && name != "model.embed_tokens.weight"
+        && !name.ends_with("embed_tokens.weight")
         && !name.contains("norm")
-        && !name.ends_with("mlp.gate.weight")
+        && !name.ends_with(".gate.weight")
+        && !name.ends_with("shared_expert_gate.weight")
+        && !name.starts_with("model.visual.")
 }
 
 /// Writes `fp8_dir` (FP8 + `_scale_inv` matrices, BF16 elsewhere) and its
@@ -212,13 +215,42 @@ fn int8_exact() -> EngineOptions {
 fn fp8_qwen3_and_glm4_convert_through_their_block_scales() {
     let tmp = tempfile::tempdir().unwrap();
     for name in ["qwen3-moe-tiny", "glm4-moe-tiny"] {
-        let root = tmp.path().join(name);
+        check_fp8(name, tmp.path());
+    }
+}
+
+/// The same for the families released in FP8 since (MiniMax-M2,
+/// DeepSeek-V3.2, GLM-4.7-Flash, Qwen3.5/3.6 saved as its multimodal
+/// release): MLA's low-rank projections, the indexer, the Gated DeltaNet
+/// projections and the shared experts all decode through their block scales.
+#[test]
+fn fp8_new_families_convert_through_their_block_scales() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in [
+        "minimax-m2-tiny",
+        "deepseek-v32-tiny",
+        "glm4-moe-lite-tiny",
+        "qwen3-5-moe-tiny",
+    ] {
+        check_fp8(name, tmp.path());
+    }
+}
+
+fn check_fp8(name: &str, tmp: &Path) {
+    {
+        let root = tmp.join(name);
         let (fp8_dir, twin) = (root.join("fp8"), root.join("twin"));
         let names = make_fp8(name, &fp8_dir, &twin);
         assert!(names.iter().any(|n| n.contains(".experts.")), "{name}");
         assert!(names.iter().any(|n| n == "lm_head.weight"), "{name}");
-        if name.starts_with("glm4") {
+        if name.starts_with("glm4") || name.starts_with("deepseek") {
             assert!(names.iter().any(|n| n.contains("shared_experts")), "{name}");
+        }
+        if name.starts_with("qwen3-5") {
+            assert!(
+                names.iter().any(|n| n.contains("linear_attn.in_proj_qkv")),
+                "{name}"
+            );
         }
         let fp8 = Checkpoint::open(&fp8_dir).unwrap();
 

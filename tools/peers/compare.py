@@ -33,6 +33,11 @@
 #              both engines then run AVX2 code on an AVX-512 machine (coli
 #              through COLI_KERNELS=avx2), standing in for an AVX2-only CPU
 #
+# `--family qwen35` makes every step use the Qwen3.6-35B-A3B shape
+# (qwen3_5_moe_text: Gated DeltaNet + gated attention, 256 experts top-8,
+# shared expert) instead of OLMoE-1B-7B, its files under --work/qwen35/
+# (the venv and llama.cpp sources stay shared); `--layers 8` keeps it in RAM.
+#
 # Usage:
 #   python3 tools/peers/compare.py all --work /work/bench-data/peers \
 #       --coli target/release/coli [--layers 16] [--rounds 3] [--cgroup-gb 4]
@@ -71,6 +76,28 @@ OLMOE = dict(
     num_key_value_heads=16,
     num_experts=64,
     num_experts_per_tok=8,
+    max_position_embeddings=4096,
+)
+
+# Qwen3.6-35B-A3B (Qwen/Qwen3.6-35B-A3B, text model) shape; the release
+# has 40 layers, every fourth full attention.
+QWEN35 = dict(
+    vocab_size=248320,
+    hidden_size=2048,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_hidden_layers=40,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=256,
+    num_experts=256,
+    num_experts_per_tok=8,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    full_attention_interval=4,
     max_position_embeddings=4096,
 )
 
@@ -278,15 +305,65 @@ def tensor_plan(cfg):
     return plan
 
 
+def qwen35_tensor_plan(cfg):
+    """(name, shape, kind) of the Qwen3.5-MoE text checkpoint, as `coli
+    synth` names and draws it (zero-centred norms "cnorm")."""
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    i, si, ne = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"], cfg["num_experts"]
+    nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    kh, vh = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    kd, vd, ker = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
+    conv = 2 * kh * kd + vh * vd
+    plan = [("model.embed_tokens.weight", (v, h), "embed")]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        plan += [(p + "input_layernorm.weight", (h,), "cnorm"),
+                 (p + "post_attention_layernorm.weight", (h,), "cnorm")]
+        if (l + 1) % cfg["full_attention_interval"] == 0:
+            plan += [
+                (p + "self_attn.q_proj.weight", (2 * nq * hd, h), "lin"),
+                (p + "self_attn.k_proj.weight", (nkv * hd, h), "lin"),
+                (p + "self_attn.v_proj.weight", (nkv * hd, h), "lin"),
+                (p + "self_attn.o_proj.weight", (h, nq * hd), "lin"),
+                (p + "self_attn.q_norm.weight", (hd,), "cnorm"),
+                (p + "self_attn.k_norm.weight", (hd,), "cnorm"),
+            ]
+        else:
+            q = p + "linear_attn."
+            plan += [
+                (q + "in_proj_qkv.weight", (conv, h), "lin"),
+                (q + "in_proj_z.weight", (vh * vd, h), "lin"),
+                (q + "in_proj_b.weight", (vh, h), "lin"),
+                (q + "in_proj_a.weight", (vh, h), "lin"),
+                (q + "conv1d.weight", (conv, 1, ker), "conv"),
+                (q + "A_log", (vh,), "alog"),
+                (q + "dt_bias", (vh,), "bias"),
+                (q + "norm.weight", (vd,), "norm"),
+                (q + "out_proj.weight", (h, vh * vd), "lin"),
+            ]
+        plan += [(p + "mlp.gate.weight", (ne, h), "router"),
+                 (p + "mlp.shared_expert_gate.weight", (1, h), "lin")]
+        for pre, n in [("mlp.shared_expert.", si)] + [(f"mlp.experts.{e}.", i) for e in range(ne)]:
+            plan += [
+                (p + pre + "gate_proj.weight", (n, h), "lin"),
+                (p + pre + "up_proj.weight", (n, h), "lin"),
+                (p + pre + "down_proj.weight", (h, n), "lin"),
+            ]
+    plan += [("model.norm.weight", (h,), "cnorm"), ("lm_head.weight", (v, h), "lin")]
+    return plan
+
+
 def draw(rng, shape, kind):
     """Seeded uniform draws: variance 1/fan_in (router 4/fan_in, so routing
     follows the token; embeddings unit variance), norms 1 +- 0.1 -- the
     distributions of `coli synth`, so activations stay finite over 16 layers."""
     import numpy as np
     n = int(np.prod(shape))
-    if kind == "norm":
-        return 1.0 + (rng.random(n, dtype=np.float32) * 0.2 - 0.1)
-    var = {"embed": 1.0, "router": 4.0 / shape[-1], "lin": 1.0 / shape[-1]}[kind]
+    around = {"norm": (1.0, 0.1), "cnorm": (0.0, 0.1), "bias": (0.0, 0.1), "alog": (1.0, 0.5)}
+    if kind in around:
+        base, amp = around[kind]
+        return base + (rng.random(n, dtype=np.float32) * 2 * amp - amp)
+    var = {"embed": 1.0, "router": 4.0 / shape[-1], "lin": 1.0 / shape[-1], "conv": 1.0 / shape[-1]}[kind]
     a = np.float32((3.0 * var) ** 0.5)
     x = rng.random(n, dtype=np.float32)
     x *= 2 * a
@@ -295,41 +372,23 @@ def draw(rng, shape, kind):
 
 
 def make_hf(a):
-    out = a.work / "hf"
+    out = a.data / "hf"
     if (out / "model.safetensors").exists():
         log(f"{out} exists")
         return
     import numpy as np
-    cfg = dict(OLMOE, num_hidden_layers=a.layers)
-    tmp = a.work / "hf.tmp"
+    tmp = a.data / "hf.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    config = {
-        "architectures": ["OlmoeForCausalLM"],
-        "model_type": "olmoe",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "clip_qkv": None,
-        "hidden_act": "silu",
-        "initializer_range": 0.02,
-        "norm_topk_prob": False,
-        "output_router_logits": False,
-        "rms_norm_eps": 1e-05,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "router_aux_loss_coef": 0.01,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
-        "eos_token_id": 5,
-        "pad_token_id": 1,
-        "use_cache": True,
-        **cfg,
-    }
+    if a.family == "qwen35":
+        cfg = dict(QWEN35, num_hidden_layers=a.layers)
+        config, plan = qwen35_config(cfg), qwen35_tensor_plan(cfg)
+    else:
+        cfg = dict(OLMOE, num_hidden_layers=a.layers)
+        config, plan = olmoe_config(cfg), tensor_plan(cfg)
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
     for f in ["tokenizer.json", "tokenizer_config.json"]:
         shutil.copy(TINY / f, tmp / f)
-    plan = tensor_plan(cfg)
     header, off = {}, 0
     for name, shape, _ in plan:
         n = 2
@@ -351,6 +410,51 @@ def make_hf(a):
                 log(f"make-hf: {k}/{len(plan)} tensors, {f.tell() / 1e9:.1f} GB")
     tmp.rename(out)
     log(f"make-hf: {off / 1e9:.2f} GB in {time.time() - t0:.0f}s")
+
+
+def qwen35_config(cfg):
+    n = cfg["num_hidden_layers"]
+    return {
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "model_type": "qwen3_5_moe_text",
+        "layer_types": ["full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(n)],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        "rms_norm_eps": 1e-06,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": 5,
+        "mtp_num_hidden_layers": 0,
+        **cfg,
+    }
+
+
+def olmoe_config(cfg):
+    return {
+        "architectures": ["OlmoeForCausalLM"],
+        "model_type": "olmoe",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "clip_qkv": None,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "norm_topk_prob": False,
+        "output_router_logits": False,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "router_aux_loss_coef": 0.01,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": 5,
+        "pad_token_id": 1,
+        "use_cache": True,
+        **cfg,
+    }
 
 
 # ---------------------------------------------------------------- convert
@@ -389,15 +493,17 @@ sys.exit(llama_cpp.llama_model_quantize(b"{src}", b"{tmp}", p))
 def convert_q8(a):
     """The Q8_0 GGUF and the int8 coli container, the pair `turns` compares."""
     work, src = a.work, llama_src(a.work)
-    hf = work / "hf"
-    q8 = work / "olmoe-q8_0.gguf"
+    hf = a.data / "hf"
+    q8 = a.data / f"{a.family}-q8_0.gguf"
     if not q8.exists():
         wrapper = work / "convert_wrapper.py"
         wrapper.write_text(CONVERT_WRAPPER)
         tmp = Path(str(q8) + ".tmp")
-        run([venv_python(work), wrapper, src, hf, "--outtype", "q8_0", "--outfile", tmp])
+        # The synthetic checkpoint has no MTP layer.
+        extra = ["--no-mtp"] if a.family == "qwen35" else []
+        run([venv_python(work), wrapper, src, hf, "--outtype", "q8_0", "--outfile", tmp, *extra])
         tmp.rename(q8)
-    dst = work / "coli-int8"
+    dst = a.data / "coli-int8"
     if not dst.exists():
         run([a.coli, "convert", "--input", hf, "--output", dst, "--experts", "int8", "--dense", "int8"])
 
@@ -405,13 +511,13 @@ def convert_q8(a):
 def convert(a):
     convert_q8(a)
     work = a.work
-    q8 = work / "olmoe-q8_0.gguf"
-    hf = work / "hf"
-    q4 = work / "olmoe-q4_0.gguf"
+    q8 = a.data / f"{a.family}-q8_0.gguf"
+    hf = a.data / "hf"
+    q4 = a.data / f"{a.family}-q4_0.gguf"
     if not q4.exists():
         quantize(work, q8, q4, "LLAMA_FTYPE_MOSTLY_Q4_0")
     for bits in ["int4"]:
-        dst = work / f"coli-{bits}"
+        dst = a.data / f"coli-{bits}"
         if not dst.exists():
             run([a.coli, "convert", "--input", hf, "--output", dst, "--experts", bits, "--dense", bits])
 
@@ -555,10 +661,10 @@ def bench(a):
     if len(replay) < PROMPT_LEN + NEW_TOKENS:
         raise SystemExit("tools/peers/replay.txt is too short")
     forced_all = replay[PROMPT_LEN : PROMPT_LEN + NEW_TOKENS]
-    pairs = [("int8", "coli-int8", "olmoe-q8_0.gguf"), ("int4", "coli-int4", "olmoe-q4_0.gguf")]
+    pairs = [("int8", "coli-int8", f"{a.family}-q8_0.gguf"), ("int4", "coli-int4", f"{a.family}-q4_0.gguf")]
     rows = []
     for bits, cdir, gguf in pairs:
-        cm, lm = a.work / cdir, a.work / gguf
+        cm, lm = a.data / cdir, a.data / gguf
         if not (cm.exists() and lm.exists()):
             log(f"skip {bits}: {cm} or {lm} missing")
             continue
@@ -643,7 +749,7 @@ def prefill_llama(a, model, threads, prompt):
 def prefill(a):
     """Prompt processing: 16 and 256 tokens in one forward pass, both
     engines from the page cache (a first, discarded run of each warms it)."""
-    pairs = [("int8", "coli-int8", "olmoe-q8_0.gguf"), ("int4", "coli-int4", "olmoe-q4_0.gguf")]
+    pairs = [("int8", "coli-int8", f"{a.family}-q8_0.gguf"), ("int4", "coli-int4", f"{a.family}-q4_0.gguf")]
     lines = [
         f"prefill {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
         f"coli flags: {a.coli_args or '(defaults)'}, isa {a.isa}",
@@ -654,7 +760,7 @@ def prefill(a):
         "|---|---|---|---|---|---|",
     ]
     for bits, cdir, gguf in pairs:
-        cm, lm = a.work / cdir, a.work / gguf
+        cm, lm = a.data / cdir, a.data / gguf
         if not (cm.exists() and lm.exists()) or (a.only and bits not in a.only):
             continue
         prefill_coli(a, cm, 2, prefill_ids(16))
@@ -1020,7 +1126,9 @@ def main():
     ap.add_argument("steps", help="all, or a comma-separated list of setup,setup-avx2,make-hf,convert,bench,prefill")
     ap.add_argument("--work", type=Path, default=Path("/work/bench-data/peers"))
     ap.add_argument("--coli", type=Path, default=REPO / "target" / "release" / "coli")
-    ap.add_argument("--layers", type=int, default=16, help="OLMoE-1B-7B has 16")
+    ap.add_argument("--layers", type=int, default=16, help="OLMoE-1B-7B has 16, Qwen3.6-35B-A3B 40")
+    ap.add_argument("--family", choices=["olmoe", "qwen35"], default="olmoe",
+                    help="the checkpoint's shape: OLMoE-1B-7B, or Qwen3.6-35B-A3B (files under --work/qwen35)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
@@ -1039,6 +1147,8 @@ def main():
     a.work = a.work.resolve()
     a.work.mkdir(parents=True, exist_ok=True)
     a.coli = a.coli.resolve()
+    a.data = a.work if a.family == "olmoe" else a.work / a.family
+    a.data.mkdir(parents=True, exist_ok=True)
     steps = {"setup": setup, "setup-avx2": setup_avx2, "make-hf": make_hf, "convert": convert,
              "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns, "long": long, "gguf": gguf}
     if a.steps == "all":
