@@ -121,6 +121,46 @@ pub fn downcast_batch<'a, S: 'static>(
         .collect()
 }
 
+/// A family's batched forward pass over its own state type. What
+/// [`LanguageModel::forward`] and [`LanguageModel::forward_batch`] do
+/// before it (downcast each state to the family's type, a single sequence
+/// as a batch of one) is written here once, so each family's
+/// `LanguageModel` implementation calls [`Self::forward_one`] and
+/// [`Self::forward_many`] instead of repeating it.
+pub trait BatchedForward {
+    /// The family's [`SequenceState`].
+    type State: SequenceState + 'static;
+
+    /// One pass over the new tokens of several sequences.
+    fn run_batch(
+        &mut self,
+        seqs: &mut [TypedItem<'_, Self::State>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError>;
+
+    /// [`LanguageModel::forward`]: one sequence as a batch of one.
+    fn forward_one(
+        &mut self,
+        tokens: &[u32],
+        state: &mut dyn SequenceState,
+        tag: Tag,
+        logits: Logits,
+    ) -> Result<Vec<f32>, ForwardError> {
+        let st = state
+            .as_any_mut()
+            .downcast_mut::<Self::State>()
+            .ok_or(ForwardError::State)?;
+        let mut out = self.run_batch(&mut [(tokens, st, logits)], tag)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// [`LanguageModel::forward_batch`]: every state downcast, then one pass.
+    fn forward_many(&mut self, items: &mut [BatchItem<'_>], tag: Tag) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let mut seqs = downcast_batch::<Self::State>(items)?;
+        self.run_batch(&mut seqs, tag)
+    }
+}
+
 /// Checks that `tokens` can follow `have` positions: ids inside the
 /// vocabulary, positions inside the context. Run for every sequence before
 /// a batched step touches any state, so a bad request fails alone.

@@ -13,8 +13,8 @@ use super::weights::{DenseWeights, LayerWeights, Mlp};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::{KvType, KvTypes};
 use crate::model::lm::{
-    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
-    logit_rows,
+    BatchItem, BatchedForward, ForwardError, LanguageModel, Logits, SequenceState, TypedItem, check_tokens,
+    fingerprint, logit_rows,
 };
 use crate::model::ops::{Rope, rms_norm};
 
@@ -460,6 +460,17 @@ impl Glm {
     }
 }
 
+impl BatchedForward for Glm {
+    type State = GlmState;
+    fn run_batch(
+        &mut self,
+        seqs: &mut [TypedItem<'_, GlmState>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.forward_states(seqs, tag)
+    }
+}
+
 impl LanguageModel for Glm {
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
@@ -503,19 +514,14 @@ impl LanguageModel for Glm {
         tag: Tag,
         logits: Logits,
     ) -> Result<Vec<f32>, ForwardError> {
-        let st = state
-            .as_any_mut()
-            .downcast_mut::<GlmState>()
-            .ok_or(ForwardError::State)?;
-        self.forward_glm(tokens, st, tag, logits)
+        self.forward_one(tokens, state, tag, logits)
     }
     fn forward_batch(
         &mut self,
         items: &mut [BatchItem<'_>],
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut seqs = downcast_batch::<GlmState>(items)?;
-        self.forward_states(&mut seqs, tag)
+        self.forward_many(items, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
         &self.source

@@ -12,8 +12,8 @@ use crate::model::attention::{AttnSpec, QkNorm, add_bias, attend};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::{KvCache, KvTypes};
 use crate::model::lm::{
-    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
-    output_logits,
+    BatchItem, BatchedForward, ForwardError, LanguageModel, Logits, SequenceState, TypedItem, check_tokens,
+    fingerprint, output_logits,
 };
 use crate::model::ops::{Rope, rms_norm};
 use crate::model::routed::{GroupLimited, Router, Routing, routed_sum};
@@ -259,6 +259,17 @@ pub(crate) fn run_pass(
     ))
 }
 
+impl BatchedForward for MoeDecoder {
+    type State = KvCache;
+    fn run_batch(
+        &mut self,
+        seqs: &mut [TypedItem<'_, KvCache>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.forward_seqs(seqs, tag)
+    }
+}
+
 impl LanguageModel for MoeDecoder {
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
@@ -302,20 +313,14 @@ impl LanguageModel for MoeDecoder {
         tag: Tag,
         logits: Logits,
     ) -> Result<Vec<f32>, ForwardError> {
-        let kv = state
-            .as_any_mut()
-            .downcast_mut::<KvCache>()
-            .ok_or(ForwardError::State)?;
-        let mut out = self.forward_seqs(&mut [(tokens, kv, logits)], tag)?;
-        Ok(out.pop().unwrap_or_default())
+        self.forward_one(tokens, state, tag, logits)
     }
     fn forward_batch(
         &mut self,
         items: &mut [BatchItem<'_>],
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut seqs = downcast_batch::<KvCache>(items)?;
-        self.forward_seqs(&mut seqs, tag)
+        self.forward_many(items, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
         &self.source

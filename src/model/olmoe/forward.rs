@@ -11,7 +11,7 @@ use crate::model::attention::{AttnSpec, QkNorm};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::{KvCache, KvTypes};
 use crate::model::lm::{
-    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, downcast_batch, fingerprint,
+    BatchItem, BatchedForward, ForwardError, LanguageModel, Logits, SequenceState, TypedItem, fingerprint,
 };
 use crate::model::moe_decoder::{DenseWeights, Pass, run_pass};
 use crate::model::ops::Rope;
@@ -137,6 +137,17 @@ impl SequenceState for KvCache {
     }
 }
 
+impl BatchedForward for Olmoe {
+    type State = KvCache;
+    fn run_batch(
+        &mut self,
+        seqs: &mut [TypedItem<'_, KvCache>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.forward_seqs(seqs, tag)
+    }
+}
+
 impl LanguageModel for Olmoe {
     fn vocab_size(&self) -> usize {
         self.cfg.vocab_size
@@ -172,19 +183,14 @@ impl LanguageModel for Olmoe {
         tag: Tag,
         logits: Logits,
     ) -> Result<Vec<f32>, ForwardError> {
-        let kv = state
-            .as_any_mut()
-            .downcast_mut::<KvCache>()
-            .ok_or(ForwardError::State)?;
-        Olmoe::forward(self, tokens, kv, tag, logits)
+        self.forward_one(tokens, state, tag, logits)
     }
     fn forward_batch(
         &mut self,
         items: &mut [BatchItem<'_>],
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut seqs = downcast_batch::<KvCache>(items)?;
-        self.forward_seqs(&mut seqs, tag)
+        self.forward_many(items, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
         &self.source

@@ -16,8 +16,8 @@ use crate::model::attention::{AttnSpec, QkNorm, attend};
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::{KvCache, KvTypes};
 use crate::model::lm::{
-    BatchItem, ForwardError, LanguageModel, Logits, SequenceState, check_tokens, downcast_batch, fingerprint,
-    output_logits,
+    BatchItem, BatchedForward, ForwardError, LanguageModel, Logits, SequenceState, TypedItem, check_tokens,
+    fingerprint, output_logits,
 };
 use crate::model::moe_decoder::Ffn;
 use crate::model::ops::{Rope, rms_norm, sigmoid};
@@ -198,6 +198,17 @@ impl Qwen3Next {
     }
 }
 
+impl BatchedForward for Qwen3Next {
+    type State = HybridState;
+    fn run_batch(
+        &mut self,
+        seqs: &mut [TypedItem<'_, HybridState>],
+        tag: Tag,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        self.forward_seqs(seqs, tag)
+    }
+}
+
 impl LanguageModel for Qwen3Next {
     fn vocab_size(&self) -> usize {
         self.cfg.base.vocab_size
@@ -242,20 +253,14 @@ impl LanguageModel for Qwen3Next {
         tag: Tag,
         logits: Logits,
     ) -> Result<Vec<f32>, ForwardError> {
-        let st = state
-            .as_any_mut()
-            .downcast_mut::<HybridState>()
-            .ok_or(ForwardError::State)?;
-        let mut out = self.forward_seqs(&mut [(tokens, st, logits)], tag)?;
-        Ok(out.pop().unwrap_or_default())
+        self.forward_one(tokens, state, tag, logits)
     }
     fn forward_batch(
         &mut self,
         items: &mut [BatchItem<'_>],
         tag: Tag,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
-        let mut seqs = downcast_batch::<HybridState>(items)?;
-        self.forward_seqs(&mut seqs, tag)
+        self.forward_many(items, tag)
     }
     fn source(&self) -> &Arc<dyn ExpertSource<ExpertWeights>> {
         &self.source
