@@ -553,10 +553,13 @@ def last_logits():
 llm.reset()
 llm.eval(a["prompt"])
 out, forced = [], a.get("forced")
-t0 = time.perf_counter()
-for i in range(a["n"]):
+w = a.get("warmup", 0)
+for i in range(w + a["n"]):
+    if i == w:
+        t0 = time.perf_counter()
     tok = int(np.argmax(last_logits()))
-    out.append(tok)
+    if i >= w:
+        out.append(tok)
     llm.eval([forced[i] if forced else tok])
 dt = time.perf_counter() - t0
 print(json.dumps({"tok_per_s": a["n"] / dt, "tokens": out}))
@@ -606,7 +609,7 @@ def bench_coli(a, model, threads, prompt, forced):
         mode = ["--replay", ids_file, "--prompt-len", str(len(prompt))]
     else:
         mode = ["--prompt-ids", ",".join(map(str, prompt))]
-    cmd = [a.coli, "bench", "--model", model, *mode, "--warmup", "0", "--tokens", str(NEW_TOKENS),
+    cmd = [a.coli, "bench", "--model", model, *mode, "--warmup", str(a.decode_warmup), "--tokens", str(NEW_TOKENS),
            "--no-compute-bound", "--probe-mb", "16", *targs, *a.coli_args.split()]
     r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -618,7 +621,8 @@ def bench_coli(a, model, threads, prompt, forced):
 
 def bench_llama(a, model, threads, prompt, forced):
     drop_caches(a)
-    arg = {"model": str(model), "threads": threads, "prompt": prompt, "n": NEW_TOKENS, "forced": forced}
+    arg = {"model": str(model), "threads": threads, "prompt": prompt, "n": NEW_TOKENS, "forced": forced,
+           "warmup": a.decode_warmup}
     cmd = [venv_python(a.work), "-c", LLAMA_BENCH, json.dumps(arg)]
     r = subprocess.run(in_cgroup(cmd, a.cgroup_gb), capture_output=True, text=True, env=llama_env(a))
     if r.returncode != 0:
@@ -658,9 +662,10 @@ def interleaved(a, run_coli, run_llama, label, show=lambda v: f"{v:.2f}"):
 
 def bench(a):
     prompt, replay = prompt_and_replay()
-    if len(replay) < PROMPT_LEN + NEW_TOKENS:
+    w = a.decode_warmup
+    if len(replay) < PROMPT_LEN + w + NEW_TOKENS:
         raise SystemExit("tools/peers/replay.txt is too short")
-    forced_all = replay[PROMPT_LEN : PROMPT_LEN + NEW_TOKENS]
+    forced_all = replay[PROMPT_LEN : PROMPT_LEN + w + NEW_TOKENS]
     pairs = [("int8", "coli-int8", f"{a.family}-q8_0.gguf"), ("int4", "coli-int4", f"{a.family}-q4_0.gguf")]
     rows = []
     for bits, cdir, gguf in pairs:
@@ -687,7 +692,7 @@ def bench(a):
                 rows.append((bits, mode, threads, cs, ls, pilot))
     lines = [
         f"peer comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{a.layers} layers, {a.rounds} rounds, cgroup {a.cgroup_gb or 'none'} GiB, "
+        f"{a.family} shape, {a.layers} layers, {a.rounds} rounds, {a.decode_warmup} untimed decode steps first, cgroup {a.cgroup_gb or 'none'} GiB, "
         f"coli flags: {a.coli_args or '(defaults)'}, isa {a.isa}",
         f"llama.cpp: {llama_system_info(a)}",
         f"coli: {coli_kernels(a)}",
@@ -1139,6 +1144,8 @@ def main():
     ap.add_argument("--turns", type=int, default=4, help="turns per conversation (the turns step)")
     ap.add_argument("--long-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 8192, 32768],
                     help="prompt lengths of the long step")
+    ap.add_argument("--decode-warmup", type=int, default=0,
+                    help="bench: decode steps both engines run untimed before the 32 measured ones")
     ap.add_argument("--isa", choices=["native", "avx2"], default="native",
                     help="avx2: both engines restricted to AVX2 (needs the setup-avx2 step)")
     a = ap.parse_args()
