@@ -8,6 +8,8 @@
 
 mod support;
 
+use support::synth::{SHORT_BENCH, coli_on, container_files};
+
 use std::path::Path;
 
 use colibri::convert::ALIGN;
@@ -34,11 +36,6 @@ fn decode(dir: &Path, spec: &SynthSpec, opts: &EngineOptions) -> Vec<u32> {
         "{opts:?}: every routed expert of every layer delivered: {w:?}"
     );
     r.tokens
-}
-
-fn bytes(dir: &Path) -> (Vec<u8>, Vec<u8>) {
-    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
-    (read("model.safetensors"), read("config.json"))
 }
 
 /// Writes `preset` (seeded), checks its layout, decodes it mapped and
@@ -163,7 +160,7 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     let again = tmp.path().join("again");
     synth(&spec, &again, None).unwrap();
     assert!(
-        bytes(&dir) == bytes(&again),
+        container_files(&dir) == container_files(&again),
         "{preset}: two runs, identical files"
     );
     let other = tmp.path().join("other");
@@ -176,7 +173,7 @@ fn synth_load_decode(preset: &str, model_type: &str) {
         None,
     )
     .unwrap();
-    assert_ne!(bytes(&dir).0, bytes(&other).0);
+    assert_ne!(container_files(&dir).0, container_files(&other).0);
 }
 
 #[test]
@@ -216,19 +213,6 @@ fn grouped_int4_experts_decode() {
     }
 }
 
-fn coli(args: &[&str], dir: &Path, state: &Path) -> (bool, String, String) {
-    let out = support::coli_command()
-        .args(args)
-        .arg(dir)
-        .env("XDG_STATE_HOME", state)
-        .output();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// The CLI: `coli synth --preset` writes what the library writes (with
 /// `--layers`, `--experts` and `--scale` applied), and `coli bench` runs
 /// on it deterministically.
@@ -243,7 +227,7 @@ fn coli_synth_and_bench_on_the_new_presets() {
         ("gpt-oss-tiny", "gpt_oss"),
     ] {
         let dir = tmp.path().join(preset);
-        let (ok, _, err) = coli(
+        let (ok, _, err) = coli_on(
             &["synth", "--preset", preset, "--seed", "3", "--output"],
             &dir,
             &state,
@@ -256,26 +240,11 @@ fn coli_synth_and_bench_on_the_new_presets() {
         };
         synth(&spec, &lib, None).unwrap();
         assert!(
-            bytes(&dir) == bytes(&lib),
+            container_files(&dir) == container_files(&lib),
             "{preset}: the CLI writes the library's bytes"
         );
 
-        let (ok, stdout, err) = coli(
-            &[
-                "bench",
-                "--prompt-len",
-                "4",
-                "--warmup",
-                "1",
-                "--tokens",
-                "4",
-                "--probe-mb",
-                "1",
-                "--model",
-            ],
-            &dir,
-            &state,
-        );
+        let (ok, stdout, err) = coli_on(&SHORT_BENCH, &dir, &state);
         assert!(ok, "{preset}: {stdout}\n{err}");
         assert!(
             stdout.contains("deterministic: tokens identical across"),
@@ -287,7 +256,7 @@ fn coli_synth_and_bench_on_the_new_presets() {
         // keeps a sparse layer after its dense one).
         let layers = if model_type == "glm4_moe" { 2 } else { 1 };
         let small = tmp.path().join(format!("{preset}-flags"));
-        let (ok, _, err) = coli(
+        let (ok, _, err) = coli_on(
             &[
                 "synth",
                 "--preset",
@@ -318,7 +287,7 @@ fn coli_synth_and_bench_on_the_new_presets() {
         );
         assert_eq!((shape.hidden_size, shape.vocab_size), (64, 128));
     }
-    let (ok, _, err) = coli(
+    let (ok, _, err) = coli_on(
         &["synth", "--preset", "nope", "--output"],
         &tmp.path().join("nope"),
         &state,

@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::synth::{SHORT_BENCH, coli_on, container_files};
+
 use std::path::Path;
 
 use colibri::engine::{Engine, EngineOptions, Placement};
@@ -63,11 +65,6 @@ fn decode(dir: &Path, spec: &SynthSpec, opts: &EngineOptions) -> Vec<u32> {
         "{opts:?}: every routed expert of every layer delivered: {w:?}"
     );
     r.tokens
-}
-
-fn bytes(dir: &Path) -> (Vec<u8>, Vec<u8>) {
-    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
-    (read("model.safetensors"), read("config.json"))
 }
 
 #[test]
@@ -128,7 +125,7 @@ fn tiny_presets_load_decode_and_are_reproducible() {
         let again = tmp.path().join("again");
         synth(&spec, &again, None).unwrap();
         assert!(
-            bytes(&dir) == bytes(&again),
+            container_files(&dir) == container_files(&again),
             "{preset}: two runs, identical files"
         );
         let other = tmp.path().join("other");
@@ -141,7 +138,7 @@ fn tiny_presets_load_decode_and_are_reproducible() {
             None,
         )
         .unwrap();
-        assert_ne!(bytes(&dir).0, bytes(&other).0, "{preset}");
+        assert_ne!(container_files(&dir).0, container_files(&other).0, "{preset}");
     }
 }
 
@@ -248,19 +245,6 @@ fn every_preset_is_listed_once_through_the_registry() {
     assert!(names.iter().all(|n| e.contains(n)), "{e}");
 }
 
-fn coli(args: &[&str], dir: &Path, state: &Path) -> (bool, String, String) {
-    let out = support::coli_command()
-        .args(args)
-        .arg(dir)
-        .env("XDG_STATE_HOME", state)
-        .output();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `coli synth --preset` writes what the library writes, `--scale` and
 /// `--layers` apply, and `coli bench` runs deterministically on each.
 #[test]
@@ -269,7 +253,7 @@ fn coli_synth_and_bench() {
     let state = tmp.path().join("state");
     for (preset, model_type, _) in TINY {
         let dir = tmp.path().join(preset);
-        let (ok, _, err) = coli(
+        let (ok, _, err) = coli_on(
             &["synth", "--preset", preset, "--seed", "3", "--output"],
             &dir,
             &state,
@@ -286,25 +270,10 @@ fn coli_synth_and_bench() {
         )
         .unwrap();
         assert!(
-            bytes(&dir) == bytes(&lib),
+            container_files(&dir) == container_files(&lib),
             "{preset}: the CLI writes the library's bytes"
         );
-        let (ok, stdout, err) = coli(
-            &[
-                "bench",
-                "--prompt-len",
-                "4",
-                "--warmup",
-                "1",
-                "--tokens",
-                "4",
-                "--probe-mb",
-                "1",
-                "--model",
-            ],
-            &dir,
-            &state,
-        );
+        let (ok, stdout, err) = coli_on(&SHORT_BENCH, &dir, &state);
         assert!(ok, "{preset}: {stdout}\n{err}");
         assert!(
             stdout.contains("deterministic: tokens identical across"),
@@ -312,7 +281,7 @@ fn coli_synth_and_bench() {
         );
 
         let scaled = tmp.path().join(format!("{preset}-scaled"));
-        let (ok, _, err) = coli(
+        let (ok, _, err) = coli_on(
             &[
                 "synth", "--preset", preset, "--layers", "4", "--scale", "0.5", "--output",
             ],

@@ -114,6 +114,19 @@ impl GlmShape {
         }
     }
 
+    /// [`Self::mla_config_json`] with a family's own keys set over it.
+    pub(crate) fn mla_config_with(
+        &self,
+        s: &super::SynthSpec,
+        own: Vec<(&str, serde_json::Value)>,
+    ) -> serde_json::Value {
+        let mut m = self.mla_config_json(s);
+        for (k, v) in own {
+            m.insert(k.to_string(), v);
+        }
+        serde_json::Value::Object(m)
+    }
+
     /// `mlp_layer_types`: the leading `first_dense` layers dense.
     pub(crate) fn mlp_layer_types(&self, layers: usize) -> Vec<&'static str> {
         (0..layers)

@@ -861,20 +861,19 @@ impl SynthSpec {
     /// config.json as transformers writes it for `glm_moe_dsa` (no MTP
     /// layer: the synthetic model has none).
     fn glm_config_json(&self, g: &GlmShape) -> serde_json::Value {
-        let mut m = g.mla_config_json(self);
-        for (k, v) in [
-            ("architectures", serde_json::json!(["GlmMoeDsaForCausalLM"])),
-            ("model_type", serde_json::json!("glm_moe_dsa")),
-            ("head_dim", serde_json::json!(g.qk_rope_head_dim)),
-            ("first_k_dense_replace", serde_json::json!(g.first_dense)),
-            ("index_topk", serde_json::json!(g.index_topk)),
-            ("index_head_dim", serde_json::json!(g.index_head_dim)),
-            ("index_n_heads", serde_json::json!(g.index_n_heads)),
-            ("indexer_types", serde_json::json!(vec!["full"; self.layers])),
-        ] {
-            m.insert(k.to_string(), v);
-        }
-        serde_json::Value::Object(m)
+        g.mla_config_with(
+            self,
+            vec![
+                ("architectures", serde_json::json!(["GlmMoeDsaForCausalLM"])),
+                ("model_type", serde_json::json!("glm_moe_dsa")),
+                ("head_dim", serde_json::json!(g.qk_rope_head_dim)),
+                ("first_k_dense_replace", serde_json::json!(g.first_dense)),
+                ("index_topk", serde_json::json!(g.index_topk)),
+                ("index_head_dim", serde_json::json!(g.index_head_dim)),
+                ("index_n_heads", serde_json::json!(g.index_n_heads)),
+                ("indexer_types", serde_json::json!(vec!["full"; self.layers])),
+            ],
+        )
     }
 
     /// Every tensor of the model as a Hugging Face checkpoint of its family
@@ -1028,15 +1027,20 @@ mod tests {
         assert!(SynthSpec::glm_tiny().scaled(0.5).is_err());
     }
 
-    /// Bytes of the container `spec` would be, from the planner's entries
-    /// (each expert's start rounded up to the 4096-byte alignment).
-    fn planned_bytes(s: &SynthSpec) -> u64 {
+    /// The planner's jobs for the container `s` describes.
+    fn planned_jobs(s: &SynthSpec) -> Vec<crate::convert::Job> {
         let cfg = ModelConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
         let model = cfg
             .family()
             .convert_spec(Path::new("c.json"), s.expert_format, s.dense_format)
             .unwrap();
-        let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
+        crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap()
+    }
+
+    /// Bytes of the container `spec` would be, from the planner's entries
+    /// (each expert's start rounded up to the 4096-byte alignment).
+    fn planned_bytes(s: &SynthSpec) -> u64 {
+        let jobs = planned_jobs(s);
         let align = crate::convert::ALIGN;
         jobs.iter().fold(0, |at, j| {
             let at = if j.align { at.div_ceil(align) * align } else { at };
@@ -1441,12 +1445,7 @@ mod tests {
         ] {
             let s = SynthSpec::preset(p).unwrap();
             let total = planned_bytes(&s) as f64 / 1e9;
-            let cfg = ModelConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
-            let model = cfg
-                .family()
-                .convert_spec(Path::new("c.json"), s.expert_format, s.dense_format)
-                .unwrap();
-            let jobs = crate::convert::plan::plan(&s.inputs(Path::new("x")), Path::new("x"), &model).unwrap();
+            let jobs = planned_jobs(&s);
             let routed: u64 = jobs
                 .iter()
                 .filter(|j| j.source.tensor.contains(".experts."))

@@ -4,6 +4,7 @@
 pub mod http;
 pub mod oracle;
 pub mod schema;
+pub mod synth;
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};

@@ -37,23 +37,22 @@ impl SynthFamily for DeepseekV32Shape {
 
     fn config_json(&self, s: &SynthSpec) -> serde_json::Value {
         let g = &self.0;
-        let mut m = g.mla_config_json(s);
-        for (k, v) in [
-            ("architectures", serde_json::json!(["DeepseekV32ForCausalLM"])),
-            ("model_type", serde_json::json!("deepseek_v32")),
-            ("first_k_dense_replace", serde_json::json!(g.first_dense)),
-            ("mlp_layer_types", serde_json::json!(g.mlp_layer_types(s.layers))),
-            (
-                "layer_types",
-                serde_json::json!(vec!["indexed_attention"; s.layers]),
-            ),
-            ("index_topk", serde_json::json!(g.index_topk)),
-            ("index_head_dim", serde_json::json!(g.index_head_dim)),
-            ("index_n_heads", serde_json::json!(g.index_n_heads)),
-        ] {
-            m.insert(k.to_string(), v);
-        }
-        serde_json::Value::Object(m)
+        g.mla_config_with(
+            s,
+            vec![
+                ("architectures", serde_json::json!(["DeepseekV32ForCausalLM"])),
+                ("model_type", serde_json::json!("deepseek_v32")),
+                ("first_k_dense_replace", serde_json::json!(g.first_dense)),
+                ("mlp_layer_types", serde_json::json!(g.mlp_layer_types(s.layers))),
+                (
+                    "layer_types",
+                    serde_json::json!(vec!["indexed_attention"; s.layers]),
+                ),
+                ("index_topk", serde_json::json!(g.index_topk)),
+                ("index_head_dim", serde_json::json!(g.index_head_dim)),
+                ("index_n_heads", serde_json::json!(g.index_n_heads)),
+            ],
+        )
     }
 
     fn layer_tensors(&self, s: &SynthSpec, l: usize) -> Vec<SynthTensor> {

@@ -37,16 +37,15 @@ impl SynthFamily for Glm47FlashShape {
 
     fn config_json(&self, s: &SynthSpec) -> serde_json::Value {
         let g = &self.0;
-        let mut m = g.mla_config_json(s);
-        for (k, v) in [
-            ("architectures", serde_json::json!(["Glm4MoeLiteForCausalLM"])),
-            ("model_type", serde_json::json!("glm4_moe_lite")),
-            ("mlp_layer_types", serde_json::json!(g.mlp_layer_types(s.layers))),
-            ("rope_interleave", serde_json::json!(true)),
-        ] {
-            m.insert(k.to_string(), v);
-        }
-        serde_json::Value::Object(m)
+        g.mla_config_with(
+            s,
+            vec![
+                ("architectures", serde_json::json!(["Glm4MoeLiteForCausalLM"])),
+                ("model_type", serde_json::json!("glm4_moe_lite")),
+                ("mlp_layer_types", serde_json::json!(g.mlp_layer_types(s.layers))),
+                ("rope_interleave", serde_json::json!(true)),
+            ],
+        )
     }
 
     fn layer_tensors(&self, s: &SynthSpec, l: usize) -> Vec<SynthTensor> {
