@@ -71,6 +71,18 @@ fn every_coli_command_in_real_models_md_runs() {
             ("~/models/gpt-oss-20b-int4", tmp.join("gpt-oss-20b-int4")),
             ("~/models/olmoe-int8", tmp.join("olmoe-int8")),
             ("~/models/glm5-int4", tmp.join("glm5-int4")),
+            (
+                "~/models/Qwen3.6-35B-A3B",
+                repo().join("fixtures/qwen3-5-moe-tiny"),
+            ),
+            ("~/models/qwen36-int4", tmp.join("qwen36-int4")),
+            ("~/models/MiniMax-M2", repo().join("fixtures/minimax-m2-tiny")),
+            ("~/models/minimax-m2-int4", tmp.join("minimax-m2-int4")),
+            (
+                "~/models/GLM-4.7-Flash",
+                repo().join("fixtures/glm4-moe-lite-tiny"),
+            ),
+            ("~/models/glm47-flash-int4", tmp.join("glm47-flash-int4")),
         ];
         for (from, to) in &map {
             if w == *from {
