@@ -8,34 +8,20 @@
 
 mod support;
 
-use support::synth::{SHORT_BENCH, coli_on, container_files};
+use support::synth::{SHORT_BENCH, coli_on, container_files, decode_twice, mapped_and_streamed};
 
 use std::path::Path;
 
 use colibri::convert::ALIGN;
-use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::engine::EngineOptions;
 use colibri::model::expert::ExpertNaming;
 use colibri::model::olmoe::LoadOptions;
 use colibri::quant::QFormat;
 use colibri::st::Checkpoint;
-use colibri::synth::{Family, ModelShape, SynthSpec, decode_pass, synth, synthetic_prompt};
+use colibri::synth::{Family, ModelShape, SynthSpec, synth};
 
 fn decode(dir: &Path, spec: &SynthSpec, opts: &EngineOptions) -> Vec<u32> {
-    let mut engine = Engine::load(dir, opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
-    let prompt = synthetic_prompt(spec.vocab, 5, 1);
-    let mut session = engine.new_session();
-    let r = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
-    let again = decode_pass(&mut engine, &mut session, &prompt, 1, 4).unwrap();
-    assert_eq!(r.tokens, again.tokens, "{opts:?}: a warm cache, the same tokens");
-    assert_eq!(r.tokens.len(), 5);
-    assert!(r.tokens.iter().all(|&t| (t as usize) < spec.vocab));
-    let w = r.window;
-    assert_eq!(
-        (w.hits + w.misses) as usize,
-        4 * spec.sparse_layers() * spec.top_k,
-        "{opts:?}: every routed expert of every layer delivered: {w:?}"
-    );
-    r.tokens
+    decode_twice(dir, spec, opts, 5, 4)
 }
 
 /// Writes `preset` (seeded), checks its layout, decodes it mapped and
@@ -133,23 +119,7 @@ fn synth_load_decode(preset: &str, model_type: &str) {
     );
     drop(ck);
 
-    let mapped = decode(
-        &dir,
-        &spec,
-        &EngineOptions {
-            placement: Placement::Mapped,
-            ..EngineOptions::default()
-        },
-    );
-    let streamed = decode(
-        &dir,
-        &spec,
-        &EngineOptions {
-            placement: Placement::Streamed,
-            cache_cap: Some(2),
-            ..EngineOptions::default()
-        },
-    );
+    let [mapped, streamed] = mapped_and_streamed().map(|opts| decode(&dir, &spec, &opts));
     assert_eq!(mapped, streamed, "placement changes speed, never tokens");
     assert!(
         mapped.iter().any(|&t| t != mapped[0]),

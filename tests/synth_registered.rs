@@ -7,15 +7,15 @@
 
 mod support;
 
-use support::synth::{SHORT_BENCH, coli_on, container_files};
+use support::synth::{SHORT_BENCH, coli_on, container_files, decode_twice, mapped_and_streamed};
 
 use std::path::Path;
 
-use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::engine::EngineOptions;
 use colibri::model::olmoe::LoadOptions;
 use colibri::quant::QFormat;
 use colibri::st::Checkpoint;
-use colibri::synth::{Family, ModelShape, SynthSpec, decode_pass, presets, synth, synthetic_prompt};
+use colibri::synth::{Family, ModelShape, SynthSpec, presets, synth};
 
 /// (tiny preset, model_type, a routed expert's up projection in layer `l`).
 const TINY: [(&str, &str, &str); 4] = [
@@ -48,23 +48,7 @@ fn expert_name(pattern: &str, l: usize, e: usize) -> String {
 }
 
 fn decode(dir: &Path, spec: &SynthSpec, opts: &EngineOptions) -> Vec<u32> {
-    let mut engine = Engine::load(dir, opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
-    // Longer than a prefill chunk of nothing in particular: 9 prompt
-    // tokens, then 6 decoded one at a time (the recurrent form for the
-    // linear layers).
-    let prompt = synthetic_prompt(spec.vocab, 9, 1);
-    let mut session = engine.new_session();
-    let r = decode_pass(&mut engine, &mut session, &prompt, 1, 6).unwrap();
-    let again = decode_pass(&mut engine, &mut session, &prompt, 1, 6).unwrap();
-    assert_eq!(r.tokens, again.tokens, "{opts:?}: a warm cache, the same tokens");
-    assert!(r.tokens.iter().all(|&t| (t as usize) < spec.vocab));
-    let w = r.window;
-    assert_eq!(
-        (w.hits + w.misses) as usize,
-        6 * spec.sparse_layers() * spec.top_k,
-        "{opts:?}: every routed expert of every layer delivered: {w:?}"
-    );
-    r.tokens
+    decode_twice(dir, spec, opts, 9, 6)
 }
 
 #[test]
@@ -96,23 +80,7 @@ fn tiny_presets_load_decode_and_are_reproducible() {
         assert_eq!(map.experts_per_layer, spec.experts);
         drop(ck);
 
-        let mapped = decode(
-            &dir,
-            &spec,
-            &EngineOptions {
-                placement: Placement::Mapped,
-                ..EngineOptions::default()
-            },
-        );
-        let streamed = decode(
-            &dir,
-            &spec,
-            &EngineOptions {
-                placement: Placement::Streamed,
-                cache_cap: Some(2),
-                ..EngineOptions::default()
-            },
-        );
+        let [mapped, streamed] = mapped_and_streamed().map(|opts| decode(&dir, &spec, &opts));
         assert_eq!(
             mapped, streamed,
             "{preset}: placement changes speed, never tokens"

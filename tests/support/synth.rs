@@ -36,3 +36,48 @@ pub const SHORT_BENCH: [&str; 10] = [
     "1",
     "--model",
 ];
+
+/// Decodes `steps` tokens after a `prompt_len`-token synthetic prompt, twice
+/// on one engine (a warm cache must give the same tokens), checking that
+/// every routed expert of every sparse layer was delivered each step.
+pub fn decode_twice(
+    dir: &Path,
+    spec: &colibri::synth::SynthSpec,
+    opts: &colibri::engine::EngineOptions,
+    prompt_len: usize,
+    steps: usize,
+) -> Vec<u32> {
+    use colibri::synth::{decode_pass, synthetic_prompt};
+    let mut engine = colibri::engine::Engine::load(dir, opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
+    let prompt = synthetic_prompt(spec.vocab, prompt_len, 1);
+    let mut session = engine.new_session();
+    let r = decode_pass(&mut engine, &mut session, &prompt, 1, steps).unwrap();
+    let again = decode_pass(&mut engine, &mut session, &prompt, 1, steps).unwrap();
+    assert_eq!(r.tokens, again.tokens, "{opts:?}: a warm cache, the same tokens");
+    assert_eq!(r.tokens.len(), steps + 1);
+    assert!(r.tokens.iter().all(|&t| (t as usize) < spec.vocab));
+    let w = r.window;
+    assert_eq!(
+        (w.hits + w.misses) as usize,
+        steps * spec.sparse_layers() * spec.top_k,
+        "{opts:?}: every routed expert of every layer delivered: {w:?}"
+    );
+    r.tokens
+}
+
+/// The placements a synthetic model must give the same tokens under:
+/// mapped, and streamed through a cache of two experts a layer.
+pub fn mapped_and_streamed() -> [colibri::engine::EngineOptions; 2] {
+    use colibri::engine::{EngineOptions, Placement};
+    [
+        EngineOptions {
+            placement: Placement::Mapped,
+            ..EngineOptions::default()
+        },
+        EngineOptions {
+            placement: Placement::Streamed,
+            cache_cap: Some(2),
+            ..EngineOptions::default()
+        },
+    ]
+}
