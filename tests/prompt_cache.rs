@@ -22,16 +22,20 @@ fn model() -> PathBuf {
 }
 
 fn start(slots: usize, cache: PromptCacheSize) -> DecodeLoop {
+    start_on(&model(), CTX, slots, cache)
+}
+
+fn start_on(model: &Path, ctx: usize, slots: usize, cache: PromptCacheSize) -> DecodeLoop {
     let opts = EngineOptions {
         kv_slots: slots,
-        max_ctx: Some(CTX),
+        max_ctx: Some(ctx),
         prompt_cache: cache,
         ..EngineOptions::default()
     };
-    let engine = Engine::load(&model(), &opts).unwrap();
+    let engine = Engine::load(model, &opts).unwrap();
     let cfg = LoopConfig {
         slots,
-        max_ctx: CTX,
+        max_ctx: ctx,
         queue_cap: 8,
         threads: Some(2),
         ..LoopConfig::default()
@@ -164,9 +168,21 @@ struct Record {
 /// Eight conversations with one system prompt taking turns on four slots:
 /// every turn, by round, and the loop's count of restored positions.
 fn eight_conversations(cache: PromptCacheSize, rounds: usize) -> (Vec<Vec<Record>>, u64) {
-    let lp = start(4, cache);
+    eight_conversations_on(&model(), CTX, cache, rounds)
+}
+
+fn eight_conversations_on(
+    model: &Path,
+    ctx: usize,
+    cache: PromptCacheSize,
+    rounds: usize,
+) -> (Vec<Vec<Record>>, u64) {
+    let lp = start_on(model, ctx, 4, cache);
     let h = lp.handle();
-    let system = ChatMessage::system(&"You explain words in one short line. ".repeat(6));
+    // A model of 512 positions (byte-level vocabulary) gets shorter turns.
+    let small = ctx <= 512;
+    let system =
+        ChatMessage::system(&"You explain words in one short line. ".repeat(if small { 3 } else { 6 }));
     let words = [
         "apple ", "river ", "stone ", "cloud ", "bright ", "forest ", "window ", "silver ",
     ];
@@ -176,7 +192,10 @@ fn eight_conversations(cache: PromptCacheSize, rounds: usize) -> (Vec<Vec<Record
         let mut this = Vec::new();
         for (c, w) in words.iter().enumerate() {
             let (prompt, new) = if round == 0 {
-                let text = long_message(&h, w, 200 + 20 * c);
+                let text = match small {
+                    true => long_message(&h, w, 150 + 10 * c),
+                    false => long_message(&h, w, 200 + 20 * c),
+                };
                 let p = render(&h, &[system.clone(), ChatMessage::user(&text)], true);
                 let n = p.len();
                 (p, n)
@@ -257,6 +276,51 @@ fn a_cache_too_small_for_every_conversation_restores_what_it_has_exactly() {
     }
 }
 
+/// A model whose linear-attention layers keep a recurrent state shares
+/// prefixes too, at snapshot granularity: the first conversation to branch
+/// off a shared system prompt takes a checkpoint at the block boundary
+/// where it branches, later ones start from it (copied from that slot or
+/// from the cache), and a conversation evicted from its slot comes back
+/// from the snapshot at its end. Replies equal recomputed ones.
+#[test]
+fn a_recurrent_models_conversations_share_their_prefixes_through_slots_and_the_cache() {
+    for name in ["qwen3-next-tiny", "qwen3-5-moe-tiny"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name);
+        // (Their context is 512 positions.)
+        let (on, restored) = eight_conversations_on(&dir, 512, ON, 3);
+        let (off, restored_off) = eight_conversations_on(&dir, 512, OFF, 3);
+        assert!(restored > 0, "{name}");
+        assert_eq!(restored_off, 0, "{name}");
+        for (round, turns) in on.iter().enumerate() {
+            for (c, Record { prefill, new, .. }) in turns.iter().enumerate() {
+                match (round, c) {
+                    // The first holds the system prompt but no snapshot
+                    // where the second branches off; the second takes one.
+                    (0, 0 | 1) => assert_eq!(prefill, new, "{name}: conversation {c}"),
+                    (0, _) => assert!(
+                        prefill < new,
+                        "{name}, round 0, conversation {c}: {prefill} of {new}"
+                    ),
+                    _ => assert!(
+                        *prefill as f64 <= 1.1 * *new as f64,
+                        "{name}, round {round}, conversation {c}: computed {prefill} for {new} new tokens"
+                    ),
+                }
+            }
+        }
+        let total = |r: &[Vec<Record>]| -> usize { r[1..].iter().flatten().map(|t| t.prefill).sum() };
+        assert!(
+            total(&off) > 3 * total(&on),
+            "{name}: off {} on {}",
+            total(&off),
+            total(&on)
+        );
+        for (a, b) in on.iter().flatten().zip(off.iter().flatten()) {
+            assert_eq!(a.reply, b.reply, "{name}: restored state gives other tokens");
+        }
+    }
+}
+
 /// Every family's sequence state round-trips through the prompt cache: one
 /// slot, a conversation evicted by another and resumed gives the reply it
 /// gives when recomputed, and computes only its new tokens.
@@ -269,6 +333,12 @@ fn every_family_resumes_an_evicted_conversation_exactly() {
         "fixtures/glm-tiny",
         "fixtures/glm4-moe-tiny",
         "fixtures/deepseek-v3-tiny",
+        "fixtures/glm4-moe-lite-tiny",
+        "fixtures/deepseek-v32-tiny",
+        "fixtures/minimax-m2-tiny",
+        // Recurrent states: restored to the snapshot at the history's end.
+        "fixtures/qwen3-next-tiny",
+        "fixtures/qwen3-5-moe-tiny",
     ];
     // gpt-oss runs from a container (its checkpoint's experts are fused).
     let tmp = tempfile::tempdir().unwrap();

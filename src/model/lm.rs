@@ -1,13 +1,13 @@
 //! What the engine needs from any model family, so generation, serving,
 //! validation and benchmarks are written once for OLMoE, GLM and what follows.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use colibri_actors::{ExpertSource, SourceError, Tag};
 
 use crate::model::expert::ExpertWeights;
 use crate::model::kv_cache::KvTypes;
+pub use crate::model::sequence_state::SequenceState;
 
 /// Which positions' logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,65 +31,6 @@ pub enum ForwardError {
     State,
     #[error(transparent)]
     Expert(#[from] SourceError),
-}
-
-/// The state of a sequence after N tokens: what every layer keeps so the
-/// next token can be computed without the earlier ones. Attention layers
-/// keep one record per position (a KV cache or compressed latent cache);
-/// linear-attention layers keep a fixed-size recurrent state that cannot be
-/// cut back to an arbitrary position, only restored from a checkpoint taken
-/// at a known one. Both kinds answer the same questions, so slots, prefix
-/// reuse and speculative rollback are written once: a caller truncates,
-/// reads back [`SequenceState::len`] and computes the tokens past it again.
-pub trait SequenceState: Send {
-    /// Positions held.
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Keeps at most positions `0..n` and returns how many it kept: exactly
-    /// `n` for a per-position cache; for a recurrent state the latest
-    /// checkpoint at or before `n` (0 when none is), so the caller computes
-    /// the tokens from the returned length on again.
-    fn truncate(&mut self, n: usize) -> usize;
-    /// Whether the whole state is the concatenation of the per-position
-    /// records ([`Self::position_bytes`]), so positions can be copied
-    /// between slots and kept in the prompt cache one by one. False for a
-    /// state with recurrent layers: its records cover only the attention
-    /// layers, and the rest is [`Self::save_recurrent`]'s.
-    fn positional(&self) -> bool {
-        self.recurrent_bytes() == 0
-    }
-    /// Bytes of the recurrent part of the state (fixed whatever the
-    /// length; 0 when the records are the whole state).
-    fn recurrent_bytes(&self) -> usize {
-        0
-    }
-    /// The recurrent part as it is after [`Self::len`] positions, for a
-    /// state file; `None` while a forward is part-way or when there is none.
-    fn save_recurrent(&self) -> Option<Vec<u8>> {
-        None
-    }
-    /// Sets the recurrent part from [`Self::save_recurrent`]'s bytes, taken
-    /// at the current length (the records pushed before it); false (and
-    /// nothing changed) when they are not of this state's size.
-    fn load_recurrent(&mut self, bytes: &[u8]) -> bool {
-        bytes.is_empty() && self.recurrent_bytes() == 0
-    }
-    /// Bytes of one position's record.
-    fn record_bytes(&self) -> usize;
-    /// Position `pos`'s state for every layer.
-    fn position_bytes(&self, pos: usize) -> Vec<u8>;
-    /// Appends one position from a record; false when the size is wrong.
-    fn push_position_bytes(&mut self, bytes: &[u8]) -> bool;
-    /// How the records encode their values, written in a state file's
-    /// header so that a file of another encoding is refused by name rather
-    /// than misread: [`KvTypes::header_code`] for a KV cache; 0 (all f32)
-    /// for states without a choice.
-    fn payload_kind(&self) -> u32 {
-        0
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 /// One sequence's share of a batched forward step: its new tokens, its

@@ -8,6 +8,7 @@ pub mod kv_cache;
 pub mod lm;
 pub mod ops;
 pub mod routed;
+pub mod sequence_state;
 pub mod want;
 
 // The families: each is a folder with its registration entry, listed once

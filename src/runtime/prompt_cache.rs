@@ -21,6 +21,20 @@
 //! conversations that lost their slot and the prefixes they share, not
 //! copies of what the slots hold.
 //!
+//! A state with recurrent layers (Qwen3-Next / Qwen3.5's linear
+//! attention) is not the sum of its records: its blocks carry the records
+//! of its attention layers, and a block whose end is one of the state's
+//! checkpoints also carries that checkpoint's snapshot (the recurrent
+//! part there). A sequence is then restored up to the deepest snapshot on
+//! its path, records and snapshot together, and stored only up to its
+//! last snapshot. Since blocks end at multiples of [`BLOCK`], the decode
+//! loop asks a state for a checkpoint at the block boundary where its
+//! prompt branches off what the cache or another slot holds, so that the
+//! shared part (a system prompt and tool list) ends on a snapshot once the
+//! branching sequence is stored. Evicting a leaf also evicts the blocks
+//! above it that are left as snapshot-less leaves, which nothing could be
+//! restored from.
+//!
 //! Eviction is least recently used, leaves first: a lookup or an insert
 //! marks every block on its path with one new tick, so a block is never
 //! older than its children; ordering by (tick, deeper first) puts a leaf
@@ -49,13 +63,16 @@ struct Node {
     tokens: Vec<u32>,
     /// `tokens.len()` records of the state's record size, in order.
     bytes: Vec<u8>,
+    /// The recurrent part after this block's last position (recurrent
+    /// states only; empty when none was stored).
+    snapshot: Vec<u8>,
     children: Vec<NodeId>,
     tick: u64,
 }
 
 impl Node {
     fn cost(&self) -> u64 {
-        self.bytes.len() as u64 + 4 * self.tokens.len() as u64 + NODE_OVERHEAD
+        (self.bytes.len() + self.snapshot.len()) as u64 + 4 * self.tokens.len() as u64 + NODE_OVERHEAD
     }
 }
 
@@ -75,6 +92,8 @@ pub struct PromptCache {
     budget: u64,
     used: u64,
     record_bytes: usize,
+    /// Bytes of a snapshot of the states it keeps; 0 for positional ones.
+    snapshot_bytes: usize,
     nodes: Vec<Option<Node>>,
     free: Vec<NodeId>,
     /// Every block but the root, oldest (and, at equal age, deepest) first.
@@ -87,11 +106,18 @@ impl PromptCache {
     /// A cache of at most `budget` bytes for states whose positions take
     /// `record_bytes` each; a budget of 0 turns it off.
     pub fn new(budget: u64, record_bytes: usize) -> Self {
+        Self::with_snapshots(budget, record_bytes, 0)
+    }
+
+    /// A cache for states with a recurrent part of `snapshot_bytes` (see
+    /// the module documentation); 0 makes it [`Self::new`]'s.
+    pub fn with_snapshots(budget: u64, record_bytes: usize, snapshot_bytes: usize) -> Self {
         let root = Node {
             parent: ROOT,
             depth: 0,
             tokens: Vec::new(),
             bytes: Vec::new(),
+            snapshot: Vec::new(),
             children: Vec::new(),
             tick: 0,
         };
@@ -99,6 +125,7 @@ impl PromptCache {
             budget,
             used: 0,
             record_bytes,
+            snapshot_bytes,
             nodes: vec![Some(root)],
             free: Vec::new(),
             lru: BTreeSet::new(),
@@ -109,6 +136,18 @@ impl PromptCache {
 
     pub fn enabled(&self) -> bool {
         self.budget > 0 && self.record_bytes > 0
+    }
+
+    /// Whether `state` is of the kind and sizes this cache keeps.
+    fn fits(&self, state: &dyn SequenceState) -> bool {
+        self.enabled()
+            && state.record_bytes() == self.record_bytes
+            && state.positional() == (self.snapshot_bytes == 0)
+            && state.snapshot_bytes() == self.snapshot_bytes
+    }
+
+    fn recurrent(&self) -> bool {
+        self.snapshot_bytes > 0
     }
 
     /// Bytes the cache holds now (never above its budget).
@@ -175,10 +214,38 @@ impl PromptCache {
             if tick == self.tick {
                 return false;
             }
+            let mut parent = self.node(id).parent;
             self.remove_leaf(id);
             self.stats.evicted_blocks += 1;
+            // A recurrent state's records restore nothing without a
+            // snapshot at or after them: leaves left without one go too
+            // (not those of the path being written).
+            while self.recurrent() && parent != ROOT {
+                let p = self.node(parent);
+                if !p.children.is_empty() || !p.snapshot.is_empty() || p.tick == self.tick {
+                    break;
+                }
+                let up = p.parent;
+                self.remove_leaf(parent);
+                self.stats.evicted_blocks += 1;
+                parent = up;
+            }
         }
         true
+    }
+
+    /// Stores `snapshot` (taken after the last position of block `id`) in
+    /// it when it has none and the budget allows; the block's path is
+    /// already marked with the current tick.
+    fn attach_snapshot(&mut self, id: NodeId, snapshot: Option<Vec<u8>>) {
+        let Some(snap) = snapshot.filter(|s| s.len() == self.snapshot_bytes) else {
+            return;
+        };
+        if !self.node(id).snapshot.is_empty() || !self.make_room(snap.len() as u64) {
+            return;
+        }
+        self.used += snap.len() as u64;
+        self.node_mut(id).snapshot = snap;
     }
 
     /// The child of `parent` whose tokens share the most leading tokens
@@ -196,11 +263,25 @@ impl PromptCache {
     /// at least that many, computed after exactly these tokens). Blocks the
     /// cache already has are only marked used; the rest are copied in while
     /// the budget allows, evicting older blocks. Returns positions copied.
+    /// A recurrent state is stored up to its last snapshot position within
+    /// `tokens`, with a snapshot at every block end that is one.
     pub fn insert(&mut self, tokens: &[u32], state: &dyn SequenceState) -> usize {
-        if !self.enabled() || !state.positional() || state.record_bytes() != self.record_bytes {
+        if !self.fits(state) {
             return 0;
         }
-        let tokens = &tokens[..tokens.len().min(state.len())];
+        let mut end = tokens.len().min(state.len());
+        let snaps = match self.recurrent() {
+            true => state.snapshot_positions(),
+            false => Vec::new(),
+        };
+        if self.recurrent() {
+            end = snaps.iter().copied().filter(|&p| p <= end).max().unwrap_or(0);
+        }
+        let tokens = &tokens[..end];
+        let snapshot_at = |end: usize| match snaps.contains(&end) {
+            true => state.snapshot(end),
+            false => None,
+        };
         let mut path = Vec::new();
         let (mut parent, mut pos, mut copied) = (ROOT, 0, 0);
         // Set once the path carries the current tick, which protects it
@@ -220,6 +301,14 @@ impl PromptCache {
                 touched = false;
                 if self.node(same).tokens.len() != chunk.len() {
                     break;
+                }
+                if self.recurrent() && self.node(same).snapshot.is_empty() {
+                    let snap = snapshot_at(pos + chunk.len());
+                    if snap.is_some() {
+                        self.touch(&path);
+                        touched = true;
+                        self.attach_snapshot(same, snap);
+                    }
                 }
                 parent = same;
                 pos += chunk.len();
@@ -254,6 +343,7 @@ impl PromptCache {
                 depth,
                 tokens: chunk.to_vec(),
                 bytes,
+                snapshot: Vec::new(),
                 children: Vec::new(),
                 tick: self.tick,
             };
@@ -274,6 +364,9 @@ impl PromptCache {
             copied += chunk.len();
             pos += chunk.len();
             parent = id;
+            if self.recurrent() {
+                self.attach_snapshot(id, snapshot_at(pos));
+            }
         }
         if !touched {
             self.touch(&path);
@@ -282,10 +375,36 @@ impl PromptCache {
         copied
     }
 
-    /// How many leading tokens of `tokens` the cache holds (without
-    /// marking anything used).
+    /// How many leading positions of `tokens` the cache can restore
+    /// (without marking anything used): every matching one for positional
+    /// states, up to the deepest snapshot for recurrent ones.
     pub fn longest(&self, tokens: &[u32]) -> usize {
+        let (path, matched) = self.walk(tokens);
+        match self.recurrent() {
+            true => self.deepest_snapshot(&path, 0).map_or(0, |(end, _)| end),
+            false => matched,
+        }
+    }
+
+    /// How many leading tokens of `tokens` the cache holds records of,
+    /// restorable or not: where a prompt branches off what is cached.
+    pub fn matched(&self, tokens: &[u32]) -> usize {
         self.walk(tokens).1
+    }
+
+    /// The end and block of the deepest whole block of `path` (a walk's)
+    /// that ends past `have` and holds a snapshot.
+    fn deepest_snapshot(&self, path: &[(NodeId, usize)], have: usize) -> Option<(usize, NodeId)> {
+        let mut end = 0;
+        let mut best = None;
+        for &(id, n) in path {
+            end += n;
+            let node = self.node(id);
+            if n == node.tokens.len() && !node.snapshot.is_empty() && end > have {
+                best = Some((end, id));
+            }
+        }
+        best
     }
 
     /// The path of blocks matching `tokens` (each with the positions of it
@@ -313,13 +432,22 @@ impl PromptCache {
     /// Extends `state`, which holds the positions of `tokens[..state.len()]`,
     /// with the cached positions that follow, up to `tokens.len()`. Returns
     /// the positions added (0 when the cache holds no longer prefix).
+    /// A recurrent state is extended up to the deepest snapshot, which
+    /// then becomes its recurrent part.
     pub fn restore(&mut self, tokens: &[u32], state: &mut dyn SequenceState) -> usize {
-        if !state.positional() || state.record_bytes() != self.record_bytes {
+        if !self.fits(state) || state.len() > tokens.len() {
             return 0;
         }
-        let have = state.len().min(tokens.len());
+        let have = state.len();
         let (path, matched) = self.walk(tokens);
-        if matched <= have {
+        let (target, snapshot_node) = match self.recurrent() {
+            true => match self.deepest_snapshot(&path, have) {
+                Some((end, id)) => (end, Some(id)),
+                None => return 0,
+            },
+            false => (matched, None),
+        };
+        if target <= have {
             return 0;
         }
         let ids: Vec<NodeId> = path.iter().map(|&(id, _)| id).collect();
@@ -329,6 +457,10 @@ impl PromptCache {
         // Blocks the state now holds whole, deepest last.
         let mut held = Vec::new();
         'copy: for &(id, n) in &path {
+            if start >= target {
+                break;
+            }
+            let n = n.min(target - start);
             let end = start + n;
             if end > have {
                 let from = have.max(start) - start;
@@ -344,6 +476,14 @@ impl PromptCache {
                 held.push(id);
             }
             start = end;
+        }
+        if let Some(id) = snapshot_node
+            && (added != target - have || !state.restore_snapshot(&self.node(id).snapshot))
+        {
+            // Records without their snapshot are no state: back to where
+            // it was.
+            state.truncate(have);
+            return 0;
         }
         self.stats.restored += added as u64;
         if added > 0 {
@@ -372,7 +512,9 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::test_state::{FakeState, RECORD, computed};
+    use crate::runtime::test_state::{
+        FakeRecurrent, FakeState, RECORD, SNAPSHOT, computed, computed_recurrent,
+    };
 
     fn cache(blocks: u64) -> PromptCache {
         PromptCache::new(
@@ -489,5 +631,97 @@ mod tests {
         assert_eq!(c.insert(&a, &computed(&a)), 0);
         assert_eq!(c.restore(&a, &mut FakeState::default()), 0);
         assert_eq!(c.used_bytes(), 0);
+    }
+
+    fn recurrent_cache(bytes: u64) -> PromptCache {
+        PromptCache::with_snapshots(bytes, RECORD, SNAPSHOT)
+    }
+
+    #[test]
+    fn a_recurrent_state_is_restored_to_its_deepest_snapshot_and_stored_to_its_last() {
+        let mut c = recurrent_cache(1 << 20);
+        let a: Vec<u32> = (0..100).collect();
+        // Checkpoints at 64 (a block end) and 70 (not one); the end is 100.
+        assert_eq!(c.insert(&a, &computed_recurrent(&a, &[64, 70])), 100);
+        // A prompt leaving `a` at 80 goes back to the snapshot at 64.
+        let mut p: Vec<u32> = (0..80).collect();
+        p.extend([900, 901]);
+        assert_eq!(c.longest(&p), 64);
+        assert_eq!(c.matched(&p), 80);
+        let mut s = FakeRecurrent::default();
+        assert_eq!(c.restore(&p, &mut s), 64);
+        assert!(s.consistent());
+        assert_eq!(s.records, computed(&p[..64]));
+        // `a`'s next turn restores it whole, to its end's snapshot.
+        let mut next = a.clone();
+        next.extend([7, 8]);
+        let mut s = FakeRecurrent::default();
+        assert_eq!(c.restore(&next, &mut s), 100);
+        assert!(s.consistent());
+        assert_eq!(s.records, computed(&a));
+        // Records past the last snapshot restore nothing and are not stored.
+        // (Storing 90 of its 100 positions: the snapshot at 100 is past them.)
+        let mut c = recurrent_cache(1 << 20);
+        assert_eq!(c.insert(&a[..90], &computed_recurrent(&a, &[40])), 40);
+        assert_eq!(c.matched(&a), 40);
+        assert_eq!(c.longest(&a), 40, "a partial last block ends on its snapshot");
+    }
+
+    #[test]
+    fn a_branch_point_checkpoint_makes_a_shared_prefix_restorable() {
+        let mut c = recurrent_cache(1 << 20);
+        let system: Vec<u32> = (0..70).collect();
+        let conv = |tail: u32| -> Vec<u32> {
+            let mut t = system.clone();
+            t.extend(tail..tail + 30);
+            t
+        };
+        let (a, b, d) = (conv(1000), conv(2000), conv(3000));
+        c.insert(&a, &computed_recurrent(&a, &[]));
+        // `b` shares 70 positions with `a`, but `a`'s only snapshot is at
+        // its end: nothing to restore; the loop asks `b` for a checkpoint
+        // at the block boundary 64.
+        assert_eq!(c.longest(&b), 0);
+        assert_eq!(c.matched(&b) / BLOCK * BLOCK, 64);
+        c.insert(&b, &computed_recurrent(&b, &[64]));
+        // Now a third conversation starts from the shared snapshot.
+        let mut s = FakeRecurrent::default();
+        assert_eq!(c.restore(&d, &mut s), 64);
+        assert!(s.consistent());
+        assert_eq!(s.records, computed(&d[..64]));
+        assert_eq!(c.longest(&a), 100);
+        assert_eq!(c.longest(&b), 100);
+    }
+
+    #[test]
+    fn evicting_a_recurrent_leaf_takes_the_snapshot_less_blocks_above_it() {
+        let per_block = BLOCK as u64 * (RECORD as u64 + 4) + NODE_OVERHEAD;
+        // Room for four blocks and two snapshots.
+        let mut c = recurrent_cache(4 * per_block + 2 * SNAPSHOT as u64);
+        let a: Vec<u32> = (0..64).collect();
+        let b: Vec<u32> = (100..164).collect();
+        c.insert(&a, &computed_recurrent(&a, &[]));
+        c.insert(&b, &computed_recurrent(&b, &[]));
+        assert_eq!(c.longest(&a), 64);
+        let d: Vec<u32> = (200..232).collect();
+        assert_eq!(c.insert(&d, &computed_recurrent(&d, &[])), 32);
+        // `a`'s leaf went, and with it its first block (no snapshot there).
+        assert_eq!(c.matched(&a), 0);
+        assert_eq!(c.stats().evicted_blocks, 2);
+        assert_eq!(c.longest(&b), 64);
+        assert!(c.used_bytes() <= c.budget_bytes());
+    }
+
+    #[test]
+    fn states_of_the_other_kind_are_neither_stored_nor_restored() {
+        let a: Vec<u32> = (0..50).collect();
+        let mut rc = recurrent_cache(1 << 20);
+        assert_eq!(rc.insert(&a, &computed(&a)), 0);
+        let mut pc = cache(16);
+        assert_eq!(pc.insert(&a, &computed_recurrent(&a, &[])), 0);
+        pc.insert(&a, &computed(&a));
+        let mut s = FakeRecurrent::default();
+        assert_eq!(pc.restore(&a, &mut s), 0);
+        assert!(s.is_empty());
     }
 }

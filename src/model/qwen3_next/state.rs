@@ -13,7 +13,12 @@
 //! logits), a rejected draft. [`SequenceState::truncate`] restores the
 //! latest copy at or before the asked position and reports where it
 //! landed; the caller computes the rest again. At most [`CHECKPOINTS`]
-//! copies are kept, the most recent ones.
+//! such copies are kept, the most recent ones. Besides them, up to
+//! [`KEPT`] copies are taken where the decode loop asks
+//! ([`SequenceState::keep_checkpoint`]: a position where another cached or
+//! running sequence branches off this one, such as the end of a shared
+//! system prompt), so that the prompt cache and other slots can start
+//! there; those are not pushed out by the rolling ones.
 
 use std::any::Any;
 
@@ -25,6 +30,9 @@ use crate::model::lm::SequenceState;
 /// the whole recurrent state (Qwen3.6-35B-A3B: 30 layers × 2.1 MB), so the
 /// count is small; four cover a turn's two positions and the previous turn's.
 pub const CHECKPOINTS: usize = 4;
+
+/// Copies kept at asked-for branch points, besides [`CHECKPOINTS`].
+pub const KEPT: usize = 4;
 
 /// One linear-attention layer's recurrent state.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,6 +61,15 @@ impl LinearState {
     }
 }
 
+/// The linear layers' states after `at` positions.
+#[derive(Clone, Debug)]
+struct Checkpoint {
+    at: usize,
+    states: Vec<LinearState>,
+    /// Taken at a position asked for (see [`KEPT`]).
+    kept: bool,
+}
+
 /// A hybrid sequence state.
 #[derive(Clone, Debug)]
 pub struct HybridState {
@@ -61,8 +78,11 @@ pub struct HybridState {
     pub kv: KvCache,
     /// One per linear layer, in layer order.
     pub linear: Vec<LinearState>,
-    /// `(position, states)`, ascending positions.
-    checkpoints: Vec<(usize, Vec<LinearState>)>,
+    /// Ascending positions.
+    checkpoints: Vec<Checkpoint>,
+    /// Positions asked for by [`SequenceState::keep_checkpoint`] and not
+    /// reached yet, ascending.
+    wanted: Vec<usize>,
     /// States of the linear layers before the last token of the running
     /// forward, one pushed per layer (see [`Self::begin`]).
     pending: Vec<LinearState>,
@@ -77,17 +97,21 @@ impl HybridState {
             kv,
             linear: vec![LinearState::new(shape); linear_layers],
             checkpoints: Vec::new(),
+            wanted: Vec::new(),
             pending: Vec::new(),
             dirty: false,
         }
     }
 
     /// Called before a forward of `m` new tokens: takes the checkpoint at
-    /// the current position when `m > 1`, and marks the state as running.
+    /// the current position when `m > 1` or when it was asked for, and
+    /// marks the state as running.
     pub fn begin(&mut self, m: usize) {
         let at = self.kv.len();
-        if m > 1 && at > 0 {
-            self.checkpoint(at, self.linear.clone());
+        let asked = self.wanted.contains(&at);
+        self.wanted.retain(|&p| p > at);
+        if at > 0 && (m > 1 || asked) {
+            self.checkpoint(at, self.linear.clone(), asked);
         }
         self.pending.clear();
         self.dirty = true;
@@ -106,18 +130,32 @@ impl HybridState {
         self.kv.commit(m);
         if m > 1 && self.pending.len() == self.linear.len() {
             let pending = std::mem::take(&mut self.pending);
-            self.checkpoint(start + m - 1, pending);
+            self.checkpoint(start + m - 1, pending, false);
         }
         self.pending.clear();
         self.dirty = false;
     }
 
-    fn checkpoint(&mut self, at: usize, states: Vec<LinearState>) {
-        self.checkpoints.retain(|(p, _)| *p < at);
-        self.checkpoints.push((at, states));
-        if self.checkpoints.len() > CHECKPOINTS {
-            self.checkpoints.remove(0);
+    /// Records the states after `at` positions; those at or past `at` were
+    /// of positions being computed again, and go. The oldest of each kind
+    /// goes past its count.
+    fn checkpoint(&mut self, at: usize, states: Vec<LinearState>, kept: bool) {
+        // A copy already taken at `at` is kept if either asked for it.
+        let kept = kept || self.checkpoints.iter().any(|c| c.at == at && c.kept);
+        self.checkpoints.retain(|c| c.at < at);
+        self.checkpoints.push(Checkpoint { at, states, kept });
+        for (kind, limit) in [(false, CHECKPOINTS), (true, KEPT)] {
+            if self.checkpoints.iter().filter(|c| c.kept == kind).count() > limit
+                && let Some(i) = self.checkpoints.iter().position(|c| c.kept == kind)
+            {
+                self.checkpoints.remove(i);
+            }
         }
+    }
+
+    /// The latest checkpoint at or before `n`.
+    fn latest_at_or_before(&self, n: usize) -> Option<&Checkpoint> {
+        self.checkpoints.iter().rev().find(|c| c.at <= n)
     }
 
     fn linear_bytes(&self) -> usize {
@@ -126,7 +164,29 @@ impl HybridState {
 
     /// Positions a truncation can land on exactly (besides 0 and the end).
     pub fn checkpoint_positions(&self) -> Vec<usize> {
-        self.checkpoints.iter().map(|(p, _)| *p).collect()
+        self.checkpoints.iter().map(|c| c.at).collect()
+    }
+}
+
+/// Every layer's convolution inputs then delta-rule matrix, in layer
+/// order, as little-endian f32.
+fn encode_states(states: &[LinearState], out: &mut Vec<u8>) {
+    for l in states {
+        for v in l.conv.iter().chain(&l.delta) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// [`encode_states`]'s bytes back into `into` (whose sizes they match).
+fn decode_states(raw: &[u8], into: &mut [LinearState]) {
+    let mut vals = raw
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    for l in into.iter_mut() {
+        for v in l.conv.iter_mut().chain(l.delta.iter_mut()) {
+            *v = vals.next().unwrap_or(0.0);
+        }
     }
 }
 
@@ -141,11 +201,13 @@ impl SequenceState for HybridState {
         }
         self.dirty = false;
         self.pending.clear();
-        self.checkpoints.retain(|(p, _)| *p <= n);
+        // Branch points were asked for the tokens being cut.
+        self.wanted.clear();
+        self.checkpoints.retain(|c| c.at <= n);
         match self.checkpoints.last() {
-            Some((p, states)) => {
-                let p = *p;
-                self.linear.clone_from(states);
+            Some(c) => {
+                let p = c.at;
+                self.linear.clone_from(&c.states);
                 self.kv.truncate(p);
                 p
             }
@@ -155,6 +217,63 @@ impl SequenceState for HybridState {
                 0
             }
         }
+    }
+
+    fn restorable(&self, n: usize) -> usize {
+        if !self.dirty && n >= self.kv.len() {
+            return self.kv.len();
+        }
+        self.latest_at_or_before(n).map_or(0, |c| c.at)
+    }
+
+    fn snapshot_bytes(&self) -> usize {
+        self.linear_bytes()
+    }
+
+    fn snapshot_positions(&self) -> Vec<usize> {
+        let mut at = self.checkpoint_positions();
+        let now = self.kv.len();
+        if !self.dirty && at.last() != Some(&now) {
+            at.push(now);
+        }
+        at
+    }
+
+    fn snapshot(&self, pos: usize) -> Option<Vec<u8>> {
+        let states = match self.checkpoints.iter().find(|c| c.at == pos) {
+            Some(c) => &c.states,
+            None if !self.dirty && pos == self.kv.len() => &self.linear,
+            None => return None,
+        };
+        let mut out = Vec::with_capacity(self.linear_bytes());
+        encode_states(states, &mut out);
+        Some(out)
+    }
+
+    fn restore_snapshot(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() != self.linear_bytes() {
+            return false;
+        }
+        decode_states(bytes, &mut self.linear);
+        self.pending.clear();
+        self.dirty = false;
+        // Where another sequence's state was copied from is a branch point.
+        let now = self.kv.len();
+        self.checkpoint(now, self.linear.clone(), true);
+        true
+    }
+
+    fn keep_checkpoint(&mut self, pos: usize) {
+        if pos > self.kv.len() && !self.wanted.contains(&pos) {
+            self.wanted.push(pos);
+            self.wanted.sort_unstable();
+            self.wanted.truncate(KEPT);
+        }
+    }
+
+    fn wanted_checkpoint(&self) -> Option<usize> {
+        let now = self.kv.len();
+        self.wanted.iter().copied().find(|&p| p > now)
     }
 
     /// A position's record holds the full-attention layers' keys and
@@ -192,16 +311,11 @@ impl SequenceState for HybridState {
             return None;
         }
         let now = self.kv.len();
-        let earlier = self.checkpoints.iter().rev().find(|(p, _)| *p < now);
+        let earlier = self.checkpoints.iter().rev().find(|c| c.at < now);
         let mut out = Vec::with_capacity(self.recurrent_bytes());
-        out.extend_from_slice(&earlier.map_or(u64::MAX, |(p, _)| *p as u64).to_le_bytes());
-        for states in [earlier.map_or(&self.linear, |(_, s)| s), &self.linear] {
-            for l in states {
-                for v in l.conv.iter().chain(&l.delta) {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
+        out.extend_from_slice(&earlier.map_or(u64::MAX, |c| c.at as u64).to_le_bytes());
+        encode_states(earlier.map_or(&self.linear, |c| &c.states), &mut out);
+        encode_states(&self.linear, &mut out);
         Some(out)
     }
 
@@ -217,26 +331,16 @@ impl SequenceState for HybridState {
         at.copy_from_slice(&bytes[..8]);
         let earlier = usize::try_from(u64::from_le_bytes(at)).ok().filter(|&p| p < now);
         let (first, current) = bytes[8..].split_at(self.linear_bytes());
-        let decode = |raw: &[u8], into: &mut Vec<LinearState>| {
-            let mut vals = raw
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            for l in into.iter_mut() {
-                for v in l.conv.iter_mut().chain(l.delta.iter_mut()) {
-                    *v = vals.next().unwrap_or(0.0);
-                }
-            }
-        };
         self.pending.clear();
         self.dirty = false;
         self.checkpoints.clear();
         if let Some(p) = earlier {
             let mut states = self.linear.clone();
-            decode(first, &mut states);
-            self.checkpoint(p, states);
+            decode_states(first, &mut states);
+            self.checkpoint(p, states, false);
         }
-        decode(current, &mut self.linear);
-        self.checkpoint(now, self.linear.clone());
+        decode_states(current, &mut self.linear);
+        self.checkpoint(now, self.linear.clone(), false);
         true
     }
 
@@ -334,5 +438,52 @@ mod tests {
         }
         assert_eq!(st.checkpoint_positions().len(), CHECKPOINTS);
         assert_eq!(*st.checkpoint_positions().last().unwrap(), 19);
+    }
+
+    #[test]
+    fn an_asked_checkpoint_is_taken_where_a_forward_starts_and_outlives_the_rolling_ones() {
+        let mut st = HybridState::new(KvCache::new(1, 4), 2, &shape());
+        st.keep_checkpoint(64);
+        assert_eq!(st.wanted_checkpoint(), Some(64));
+        run(&mut st, 64);
+        run(&mut st, 1); // a one-token forward starting at 64
+        assert_eq!(st.wanted_checkpoint(), None);
+        for _ in 0..10 {
+            run(&mut st, 2);
+        }
+        let at = st.checkpoint_positions();
+        assert!(at.contains(&64), "{at:?}");
+        assert_eq!(at.len(), CHECKPOINTS + 1);
+        assert_eq!(st.restorable(70), 64);
+        assert_eq!(st.restorable(st.len()), st.len());
+        // Cut back to it, the state is the one computed there.
+        assert_eq!(st.truncate(70), 64);
+        assert!(st.linear.iter().all(|l| l.delta.iter().all(|&v| v == 64.0)));
+    }
+
+    #[test]
+    fn a_prefix_copied_up_to_a_snapshot_is_the_state_there() {
+        use crate::model::sequence_state::{copy_prefix, reachable};
+        // (No attention layer: the records are empty, the copy is the
+        // recurrent part's.)
+        let mut from = HybridState::new(KvCache::new(0, 4), 2, &shape());
+        run(&mut from, 40); // checkpoint at 39
+        run(&mut from, 10); // at 40 and 49
+        assert_eq!(from.snapshot_positions(), vec![39, 40, 49, 50]);
+        let mut to = HybridState::new(KvCache::new(0, 4), 2, &shape());
+        assert_eq!(reachable(&from, 0, 45), 40);
+        assert_eq!(copy_prefix(&from, &mut to, 45), 40);
+        assert_eq!(to.len(), 40);
+        assert!(to.linear.iter().all(|l| l.delta.iter().all(|&v| v == 40.0)));
+        // The copy is a checkpoint of `to` now, and the whole state copies
+        // with its current recurrent part.
+        assert_eq!(to.restorable(45), 40);
+        assert_eq!(copy_prefix(&from, &mut to, 50), 10);
+        assert_eq!(to.linear, from.linear);
+        // A snapshot of another size changes nothing.
+        let mut other = HybridState::new(KvCache::new(0, 4), 3, &shape());
+        assert_eq!(copy_prefix(&from, &mut other, 50), 0);
+        assert!(!other.restore_snapshot(&from.snapshot(50).unwrap()));
+        assert!(other.is_empty());
     }
 }

@@ -27,9 +27,10 @@ use crate::engine::{Session, SlotStore};
 use crate::grammar::Constrained;
 use crate::model::expert::ExpertWeights;
 use crate::model::lm::Logits;
+use crate::model::sequence_state::{copy_prefix, reachable};
 use crate::runtime::compute::{ComputeHandle, Step, StepDone, StepItem};
 use crate::runtime::limits;
-use crate::runtime::prompt_cache::PromptCache;
+use crate::runtime::prompt_cache::{BLOCK, PromptCache};
 use crate::runtime::request::{
     Event, FinishReason, GenRequest, PromptMode, RequestError, RequestId, SlotChoice, Usage,
 };
@@ -434,44 +435,63 @@ impl LoopActor {
 
     /// Extends `session` (slot `slot`'s, taken out) past the positions it
     /// already has with positions computed after the same tokens elsewhere:
-    /// another slot's history or the prompt cache, whichever holds more of
+    /// another slot's history or the prompt cache, whichever gives more of
     /// them. Never the last token, which is computed for its logits.
     /// Returns the positions copied.
+    ///
+    /// A recurrent state can only take positions up to a snapshot (a
+    /// checkpoint of the donor slot, or a cached block's), and is then
+    /// asked for a checkpoint at the block boundary where its prompt leaves
+    /// what the others hold, so that the shared part is restorable there
+    /// next time (see the prompt cache's documentation).
     fn restore_prefix(&mut self, slot: usize, session: &mut Session) -> usize {
         let want = session.tokens.len().saturating_sub(1);
         let have = session.kv.len();
         // `--prompt-cache-mb 0` turns copying off altogether (the slot's
         // own history is still reused).
-        if have >= want || !self.cache.enabled() || !session.kv.positional() {
+        if have >= want || !self.cache.enabled() {
             return 0;
         }
         let tokens = &session.tokens[..want];
-        let donor = self
+        // Per other slot: the tokens it shares with this prompt, and the
+        // positions of them it can give.
+        let donors: Vec<(usize, usize, usize)> = self
             .slots
             .iter()
             .enumerate()
             .filter(|&(i, _)| i != slot)
-            .map(|(i, s)| (i, common_prefix(s.tokens(), tokens).min(s.computed())))
+            .filter_map(|(i, s)| {
+                let from = s.session.as_ref()?;
+                let shared = common_prefix(s.tokens(), tokens).min(s.computed());
+                Some((i, shared, reachable(from.kv.as_ref(), have, shared)))
+            })
+            .collect();
+        let donor = donors
+            .iter()
+            .map(|&(i, _, n)| (i, n))
             .max_by_key(|&(_, n)| n)
             .filter(|&(_, n)| n > have);
         let cached = self.cache.longest(tokens);
         let copied = match donor {
-            Some((i, n)) if n >= cached => {
-                let Some(from) = self.slots[i].session.as_ref() else {
-                    return 0;
-                };
-                let mut copied = 0;
-                for pos in have..n {
-                    if !session.kv.push_position_bytes(&from.kv.position_bytes(pos)) {
-                        break;
-                    }
-                    copied += 1;
-                }
-                copied
-            }
+            Some((i, n)) if n >= cached => match self.slots[i].session.as_ref() {
+                Some(from) => copy_prefix(from.kv.as_ref(), session.kv.as_mut(), n),
+                None => 0,
+            },
             _ if cached > have => self.cache.restore(tokens, session.kv.as_mut()),
             _ => 0,
         };
+        if !session.kv.positional() {
+            let shared = donors
+                .iter()
+                .map(|&(_, shared, _)| shared)
+                .chain([self.cache.matched(tokens)])
+                .max()
+                .unwrap_or(0);
+            let branch = shared / BLOCK * BLOCK;
+            if branch > session.kv.len() {
+                session.kv.keep_checkpoint(branch);
+            }
+        }
         if copied > 0 {
             session.last_logits = None;
         }
@@ -638,8 +658,17 @@ impl LoopActor {
             let Some(session) = self.slots[a.slot].session.take() else {
                 continue;
             };
-            let pending = &session.tokens[session.kv.len().min(session.tokens.len())..];
-            let n = pending.len().min(chunk);
+            let done = session.kv.len().min(session.tokens.len());
+            let pending = &session.tokens[done..];
+            let mut n = pending.len().min(chunk);
+            // A chunk ends where the state wants a checkpoint, so the next
+            // one starts (and takes it) there.
+            if let Some(w) = session.kv.wanted_checkpoint()
+                && w > done
+                && w < done + n
+            {
+                n = w - done;
+            }
             let mut logits = if n == pending.len() {
                 Logits::Last
             } else {

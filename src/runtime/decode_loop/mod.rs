@@ -156,19 +156,15 @@ impl DecodeLoop {
             )
         });
         // Positions are copied between slots and through the prompt cache
-        // one record at a time, which a recurrent state is not made of.
-        let positional = sessions.first().is_none_or(|s| s.kv.positional());
-        let record_bytes = sessions
+        // as records (and, for a recurrent state, a snapshot at the end).
+        let (record_bytes, snapshot_bytes) = sessions
             .first()
-            .filter(|_| positional)
-            .map_or(0, |s| s.kv.record_bytes());
-        if !positional && engine.memory.needs.prompt_cache_bytes > 0 {
-            let _ = writeln!(
-                diag,
-                "coli: this model's linear-attention layers keep a recurrent state, not per-position records: prompts are reused within a slot (and across restarts), not through the prompt cache"
-            );
-        }
-        let cache = PromptCache::new(engine.memory.needs.prompt_cache_bytes, record_bytes);
+            .map_or((0, 0), |s| (s.kv.record_bytes(), s.kv.snapshot_bytes()));
+        let cache = PromptCache::with_snapshots(
+            engine.memory.needs.prompt_cache_bytes,
+            record_bytes,
+            snapshot_bytes,
+        );
         let source: Arc<dyn ExpertSource<ExpertWeights>> = engine.model.source().clone();
         let vocab = engine.model.vocab_size();
         let draft = cfg

@@ -70,9 +70,14 @@ pub struct Worth {
 impl Worth {
     pub fn of(slot: &Slot, prompt: &[u32]) -> Self {
         let computed = slot.computed();
-        let reuse = common_prefix(slot.tokens(), prompt)
+        let shared = common_prefix(slot.tokens(), prompt)
             .min(computed)
             .min(prompt.len().saturating_sub(1));
+        // A recurrent state goes back only as far as a checkpoint.
+        let reuse = slot
+            .session
+            .as_ref()
+            .map_or(shared, |s| s.kv.restorable(shared).min(shared));
         Self {
             reuse,
             loss: computed - reuse,
