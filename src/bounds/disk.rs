@@ -7,11 +7,15 @@
 //! of the model's own expert extents, planned and read as the workers read
 //! them (`read_into` a block-aligned buffer, in place under O_DIRECT),
 //! through the storage backend the run uses, with one reader per worker, repeated on fresh samples so the
-//! spread shows. Before each repeat the files' cached pages are dropped
-//! (`posix_fadvise(DONTNEED)`, which needs no privileges and drops only
-//! clean pages nobody maps) and the share of the sample still cached
-//! afterwards is measured (`mincore`), so a reader can tell a disk figure
-//! from a page-cache figure. A simulated disk (`--disk-sim bw=...`) is
+//! spread shows. Before each repeat the cached pages of that repeat's
+//! sample are dropped (`posix_fadvise(DONTNEED)` on its ranges, which needs
+//! no privileges and drops only clean pages nobody maps) and the share of
+//! the sample still cached afterwards is measured (`mincore`), so a reader
+//! can tell a disk figure from a page-cache figure. Only the sample is
+//! dropped, and reading it (through the page cache) brings it back, so
+//! the passes after the probe find the page cache as the probe found it:
+//! a model served from RAM is measured from RAM, not from a disk the probe
+//! had emptied the cache onto. A simulated disk (`--disk-sim bw=...`) is
 //! not probed: its bandwidth is given.
 
 use std::path::{Path, PathBuf};
@@ -62,7 +66,7 @@ pub struct ProbeOptions {
     pub queue_depth: usize,
     /// The backend: O_DIRECT, mmap or pread, as the run reads.
     pub storage: StorageOptions,
-    /// Drop the files' cached pages before each repeat.
+    /// Drop the sample's cached pages before each repeat.
     pub drop_cache: bool,
     pub seed: u64,
 }
@@ -163,11 +167,13 @@ impl DiskProbe {
             CacheTreatment::Bypassed => "O_DIRECT, no page cache".to_string(),
             CacheTreatment::Dropped => match self.most_cached() {
                 Some(c) if c > 0.0 => format!(
-                    "page cache dropped before each repeat, at most {:.0}% of a sample still cached",
+                    "sample's cached pages dropped before each repeat, at most {:.0}% of a sample still cached",
                     c * 100.0
                 ),
-                Some(_) => "page cache dropped before each repeat (none of the samples cached)".into(),
-                None => "page cache dropped before each repeat".into(),
+                Some(_) => {
+                    "sample's cached pages dropped before each repeat (none of the samples cached)".into()
+                }
+                None => "sample's cached pages dropped before each repeat".into(),
             },
             CacheTreatment::Kept(why) => format!("page cache kept: {why}"),
         };
@@ -233,7 +239,7 @@ pub fn probe(map: &ExpertMap, opts: &ProbeOptions) -> Result<DiskProbe, DiskErro
     for _ in 0..opts.repeats.max(1) {
         let sample = sample(&all, opts.bytes, &mut rng);
         if matches!(cache, CacheTreatment::Dropped)
-            && let Err(why) = drop_cached(&map.files)
+            && let Err(why) = drop_cached(&map.files, &sample)
         {
             cache = CacheTreatment::Kept(why);
         }
@@ -328,13 +334,24 @@ fn read_all(storage: &Arc<dyn Storage>, reads: &[ExpertReads], threads: usize) -
     Ok(bytes)
 }
 
-/// Asks the kernel to drop `files`' cached pages; the reason when it
-/// could not.
-fn drop_cached(files: &[PathBuf]) -> Result<(), String> {
+/// Asks the kernel to drop the cached pages of `sample`'s ranges of
+/// `files`; the reason when it could not.
+fn drop_cached(files: &[PathBuf], sample: &[ExpertReads]) -> Result<(), String> {
+    let mut open = Vec::with_capacity(files.len());
     for f in files {
-        let file = std::fs::File::open(f).map_err(|e| format!("opening {}: {e}", f.display()))?;
-        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
-            .map_err(|e| format!("posix_fadvise on {}: {e}", f.display()))?;
+        open.push(std::fs::File::open(f).map_err(|e| format!("opening {}: {e}", f.display()))?);
+    }
+    for span in sample.iter().flatten() {
+        let (Some(file), Some(len)) = (open.get(span.file as usize), std::num::NonZeroU64::new(span.len))
+        else {
+            continue;
+        };
+        rustix::fs::fadvise(file, span.offset, Some(len), rustix::fs::Advice::DontNeed).map_err(|e| {
+            let path = files
+                .get(span.file as usize)
+                .map_or_else(String::new, |p| p.display().to_string());
+            format!("posix_fadvise on {path}: {e}")
+        })?;
     }
     Ok(())
 }
@@ -432,6 +449,46 @@ mod tests {
             probe(&ExpertMap::new(vec![], 1, 1), &opts),
             Err(DiskError::NoExperts)
         ));
+    }
+
+    #[test]
+    fn the_probe_leaves_the_page_cache_as_it_found_it() {
+        // A model the page cache holds: after the probe, every expert is
+        // still cached (only the sample was dropped, and reading it cached
+        // it again), so the passes after it measure RAM, not the disk.
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("experts.bin");
+        let file = std::fs::File::create(&path).unwrap();
+        std::io::Write::write_all(&mut &file, &vec![3u8; 64 * 16384]).unwrap();
+        // Clean pages only: dirty ones are not dropped.
+        file.sync_all().unwrap();
+        let _ = std::fs::read(&path).unwrap();
+        let mut map = ExpertMap::new(vec![path.clone()], 1, 64);
+        for e in 0..64u32 {
+            let extent = ExpertExtent {
+                pieces: vec![Piece {
+                    file: 0,
+                    offset: e as u64 * 16384,
+                    len: 16384,
+                }],
+            };
+            map.set_extent(ExpertKey::new(0, e), extent).unwrap();
+        }
+        let all = expert_reads(&map);
+        let before = cached_share(std::slice::from_ref(&path), &all);
+        let opts = ProbeOptions {
+            bytes: 8 * 16384,
+            repeats: 2,
+            queue_depth: 2,
+            ..ProbeOptions::default()
+        };
+        let p = probe(&map, &opts).unwrap();
+        assert!(matches!(p.cache, CacheTreatment::Dropped), "{}", p.describe());
+        let after = cached_share(std::slice::from_ref(&path), &all);
+        assert_eq!(
+            after, before,
+            "cached share of the model before and after the probe"
+        );
     }
 
     #[test]

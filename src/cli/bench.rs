@@ -57,7 +57,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub probe_repeats: u64,
     /// Leave the page cache as it is before each probe repeat (by default
-    /// the model's files' cached pages are dropped first).
+    /// the cached pages of the repeat's sample are dropped first; reading
+    /// the sample brings them back, so the passes see the page cache as it
+    /// was).
     #[arg(long)]
     pub probe_keep_cache: bool,
     /// Write the measured pass's routing trace (every step of the pass,

@@ -355,7 +355,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "disk         {:.0} MB/s (median of 3 probes of {} MB: random expert reads, page cache dropped)",
+        "disk         {:.0} MB/s (median of 3 probes of {} MB: random expert reads, their cached pages dropped first)",
         p.disk_bytes_per_sec / 1e6,
         args.probe_mb
     )?;
