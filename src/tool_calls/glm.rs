@@ -2,13 +2,11 @@
 //! argument `<arg_key>K</arg_key><arg_value>V</arg_value>`, then
 //! `</tool_call>`; GLM-4.5/4.6 put newlines between the parts. The
 //! templates write a string value as it is and any other through `tojson`,
-//! so a value is read back by the tool's declared schema: a `string`
-//! parameter stays text, a number, boolean, object or array parameter is
-//! JSON (text that does not parse stays text).
+//! so a value is read back by the tool's declared schema ([`super::typed`]).
 
 use serde_json::Value;
 
-use super::{Block, ToolCall, ToolSet, ToolSpec};
+use super::{Block, ToolCall, ToolSet, typed};
 
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";
@@ -76,46 +74,10 @@ fn parse(inner: &str, tools: &ToolSet) -> Option<ToolCall> {
     })
 }
 
-/// `raw` as the value of argument `key` of `tool`.
-pub(crate) fn typed(raw: &str, tool: &ToolSpec, key: &str) -> Value {
-    let text = || Value::String(raw.to_string());
-    let Some(schema) = tool.property(key) else {
-        return text();
-    };
-    let types: Vec<&str> = match schema.get("type") {
-        Some(Value::String(t)) => vec![t.as_str()],
-        Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
-        _ => Vec::new(),
-    };
-    if types == ["string"] {
-        return text();
-    }
-    match serde_json::from_str::<Value>(raw) {
-        // A string parameter that may also be something else keeps the text
-        // unless it parsed as one of its other types.
-        Ok(Value::String(_)) if types.contains(&"string") => text(),
-        Ok(v) if types.is_empty() || types.iter().any(|t| is_type(&v, t)) => v,
-        _ => text(),
-    }
-}
-
-/// Whether `v` is of JSON schema type `t`.
-fn is_type(v: &Value, t: &str) -> bool {
-    match t {
-        "null" => v.is_null(),
-        "boolean" => v.is_boolean(),
-        "integer" => v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|x| x.fract() == 0.0),
-        "number" => v.is_number(),
-        "string" => v.is_string(),
-        "array" => v.is_array(),
-        "object" => v.is_object(),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tool_calls::ToolSpec;
     use serde_json::json;
 
     fn tools() -> ToolSet {

@@ -179,6 +179,48 @@ pub(crate) fn arguments_of_text(s: &str) -> Option<Value> {
     }
 }
 
+/// `raw` as the value of argument `key` of `tool`, for the formats that
+/// write each argument as text (GLM's, Qwen3.5's XML): their
+/// templates write a string as it is and anything else through `tojson`,
+/// so a `string` parameter stays text, a number, boolean, object or array
+/// parameter is JSON, and text that does not parse as the declared type
+/// stays text (as does the value of a parameter the schema does not name).
+pub(crate) fn typed(raw: &str, tool: &ToolSpec, key: &str) -> Value {
+    let text = || Value::String(raw.to_string());
+    let Some(schema) = tool.property(key) else {
+        return text();
+    };
+    let types: Vec<&str> = match schema.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    if types == ["string"] {
+        return text();
+    }
+    match serde_json::from_str::<Value>(raw) {
+        // A string parameter that may also be something else keeps the text
+        // unless it parsed as one of its other types.
+        Ok(Value::String(_)) if types.contains(&"string") => text(),
+        Ok(v) if types.is_empty() || types.iter().any(|t| is_type(&v, t)) => v,
+        _ => text(),
+    }
+}
+
+/// Whether `v` is of JSON schema type `t`.
+fn is_type(v: &Value, t: &str) -> bool {
+    match t {
+        "null" => v.is_null(),
+        "boolean" => v.is_boolean(),
+        "integer" => v.is_i64() || v.is_u64() || v.as_f64().is_some_and(|x| x.fract() == 0.0),
+        "number" => v.is_number(),
+        "string" => v.is_string(),
+        "array" => v.is_array(),
+        "object" => v.is_object(),
+        _ => false,
+    }
+}
+
 /// What a call block scan found (`buf` starts at the block's opening marker).
 #[derive(Debug, PartialEq)]
 pub(crate) enum Block {

@@ -3,12 +3,12 @@
 //! `<parameter=K>\nV\n</parameter>\n`, then `</function>\n</tool_call>`.
 //! The templates write a string value as it is and any other through
 //! `tojson`, so a value is read back by the tool's declared schema, as
-//! GLM's are ([`super::glm::typed`]); the newline after the opening tag and
+//! GLM's are ([`super::typed`]); the newline after the opening tag and
 //! the one before the closing tag are the template's, not the value's.
 
 use serde_json::Value;
 
-use super::{Block, ToolCall, ToolSet};
+use super::{Block, ToolCall, ToolSet, typed};
 
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";
@@ -91,7 +91,7 @@ fn parse(inner: &str, tools: &ToolSet) -> Option<ToolCall> {
         let raw = &after_key[..value_end];
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        args.insert(key.to_string(), super::glm::typed(raw, tool, key));
+        args.insert(key.to_string(), typed(raw, tool, key));
         rest = &after_key[value_end + PARAM_CLOSE.len()..];
     }
     Some(ToolCall {
