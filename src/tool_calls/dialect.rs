@@ -29,6 +29,11 @@ pub enum CallSyntax {
     DeepSeek { fenced: bool },
     /// Mistral and Mixtral: `[TOOL_CALLS] [{"name": N, "arguments": {...}}, ...]`.
     Mistral,
+    /// MiniMax-M2: `<minimax:tool_call>\n`, per call `<invoke name="N">\n`,
+    /// per argument `<parameter name="K">V</parameter>\n`, `</invoke>\n`,
+    /// then `</minimax:tool_call>`; the calls of one block are parallel,
+    /// values typed by the tool's schema as GLM's are.
+    MiniMax,
 }
 
 /// The reply markers of a model: tool calls and reasoning.
@@ -111,6 +116,10 @@ impl Dialect {
                 out.extend([OPEN, CLOSE, CALL_OPEN, CALL_CLOSE, SEP]);
             }
             Some(CallSyntax::Mistral) => out.push(super::mistral::OPEN),
+            Some(CallSyntax::MiniMax) => {
+                use super::minimax::*;
+                out.extend([OPEN, CLOSE, INVOKE_OPEN, INVOKE_CLOSE, PARAM_OPEN, PARAM_CLOSE]);
+            }
         }
         out
     }
@@ -166,6 +175,9 @@ impl Dialect {
 /// specific marker to the most generic (GLM's `<tool_call>` also holds
 /// `<arg_key>`, so it is tested before Hermes').
 fn calls_of_template(source: &str) -> Option<CallSyntax> {
+    if source.contains("<minimax:tool_call>") {
+        return Some(CallSyntax::MiniMax);
+    }
     if source.contains("<arg_key>") {
         return Some(CallSyntax::Glm {
             newlines: !source.contains("</arg_key><arg_value>"),
@@ -233,6 +245,15 @@ mod tests {
         assert_eq!(
             Dialect::of_template("{{- \"[TOOL_CALLS] [\" }}").calls,
             Some(CallSyntax::Mistral)
+        );
+        let minimax = "{%- set toolcall_begin_token = '<minimax:tool_call>' -%}\n\
+                       {{- '<invoke name=\"' + tc.name + '\">' }}<parameter name=\"k\">{{- '<think>' }}";
+        assert_eq!(
+            Dialect::of_template(minimax),
+            Dialect {
+                calls: Some(CallSyntax::MiniMax),
+                think: true
+            }
         );
         assert_eq!(Dialect::of_template("{{ m.content }}"), Dialect::NONE);
     }

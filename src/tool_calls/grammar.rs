@@ -15,7 +15,7 @@
 use serde_json::{Value, json};
 
 use super::dialect::{CallSyntax, Dialect, THINK_CLOSE, THINK_OPEN};
-use super::{ToolSpec, deepseek, glm, harmony, hermes, mistral, qwen_xml};
+use super::{ToolSpec, deepseek, glm, harmony, hermes, minimax, mistral, qwen_xml};
 use crate::grammar::compile::with_json_options;
 
 /// What must be called.
@@ -64,6 +64,7 @@ pub fn forced_call(
         CallSyntax::Glm { newlines } => g.glm(f, newlines),
         CallSyntax::DeepSeek { fenced } => g.deepseek(f, fenced),
         CallSyntax::Mistral => g.mistral(f),
+        CallSyntax::MiniMax => g.minimax(f),
         CallSyntax::Harmony => g.harmony(f),
     };
     let start = format!("start: {prefix}{calls}");
@@ -280,6 +281,33 @@ impl Lark<'_> {
         format!("{open} {calls} {close}")
     }
 
+    /// MiniMax-M2's calls are `<invoke>`s in one block, their parameters in
+    /// the schema's property order (required ones always, the others
+    /// optionally); a `string` parameter's value is any text up to
+    /// `</parameter>`, any other a JSON value of its schema.
+    fn minimax(&mut self, f: &Forced<'_>) -> String {
+        let call = self.per_tool("call", f, |g, tool| {
+            let mut parts = vec![quoted(&format!("{}\"{}\">\n", minimax::INVOKE_OPEN, tool.name))];
+            for (key, prop, required) in params(tool) {
+                let mut pair = vec![quoted(&format!("{}\"{key}\">", minimax::PARAM_OPEN))];
+                if prop.get("type").and_then(Value::as_str) == Some("string") {
+                    pair.push(g.until(minimax::PARAM_CLOSE));
+                } else {
+                    pair.push(format!("%json {}", schema_text(&prop)));
+                    pair.push(quoted(minimax::PARAM_CLOSE));
+                }
+                pair.push("\"\\n\"".into());
+                let pair = pair.join(" ");
+                parts.push(if required { pair } else { format!("({pair})?") });
+            }
+            parts.push(quoted(&format!("{}\n", minimax::INVOKE_CLOSE)));
+            parts.join(" ")
+        });
+        let calls = self.repeated(&call, "", f);
+        let (open, close) = (self.lit(minimax::OPEN), self.lit(minimax::CLOSE));
+        format!("{open} \"\\n\" {calls} {close}")
+    }
+
     fn mistral(&mut self, f: &Forced<'_>) -> String {
         let mut array = json!({"type": "array", "items": Self::name_and_arguments(f), "minItems": 1});
         if !f.parallel {
@@ -431,6 +459,47 @@ mod tests {
         let g = forced_call(dialect(CallSyntax::Glm { newlines: true }, false), &f, &none).unwrap();
         assert!(
             g.contains("\"<tool_call>\" \"get_weather\\n\" \"<arg_key>\" \"city\" \"</arg_key>\" \"\\n\""),
+            "{g}"
+        );
+    }
+
+    #[test]
+    fn minimax_invokes_follow_the_schema_in_one_block() {
+        let tools = [weather(), time()];
+        let f = Forced {
+            tools: &tools,
+            parallel: true,
+            in_reasoning: true,
+        };
+        let special = |m: &str| match m {
+            "<minimax:tool_call>" => Some(200052),
+            "</minimax:tool_call>" => Some(200053),
+            "</think>" => Some(200051),
+            _ => None,
+        };
+        let g = forced_call(dialect(CallSyntax::MiniMax, true), &f, &special).unwrap();
+        let int = schema_text(&json!({"type": "integer"}));
+        assert_eq!(
+            g,
+            format!(
+                "start: /(?s:.*)/ <[200051]> sp? <[200052]> \"\\n\" calls <[200053]>\n\
+                 text1[lazy]: /(?s:.*)<\\/parameter>/\n\
+                 call_0: \"<invoke name=\\\"get_weather\\\">\\n\" \"<parameter name=\\\"city\\\">\" text1 \"\\n\" \
+                 (\"<parameter name=\\\"days\\\">\" %json {int} \"</parameter>\" \"\\n\")? \"</invoke>\\n\"\n\
+                 call_1: \"<invoke name=\\\"time\\\">\\n\" \"</invoke>\\n\"\n\
+                 call: call_0 | call_1\n\
+                 calls: call (call)*\n\
+                 sp: /[ \\t\\r\\n]+/\n"
+            )
+        );
+        let one = Forced {
+            tools: &tools[1..],
+            parallel: false,
+            in_reasoning: false,
+        };
+        let g = forced_call(dialect(CallSyntax::MiniMax, true), &one, &none).unwrap();
+        assert!(
+            g.starts_with("start: think? \"<minimax:tool_call>\" \"\\n\" call \"</minimax:tool_call>\"\n"),
             "{g}"
         );
     }

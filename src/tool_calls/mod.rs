@@ -5,8 +5,8 @@
 //! - [`dialect`]: the formats ([`CallSyntax`]), which one a template shows;
 //! - [`stream`]: the incremental parser ([`ReplyParser`]): fed pieces of
 //!   text, it emits content, reasoning and whole tool calls ([`Delta`]);
-//! - [`hermes`], [`qwen_xml`], [`glm`], [`deepseek`], [`mistral`]: one call block of each
-//!   format; [`harmony`]: gpt-oss's messages, which carry both reasoning
+//! - [`hermes`], [`qwen_xml`], [`glm`], [`deepseek`], [`mistral`],
+//!   [`minimax`]: one call block of each format; [`harmony`]: gpt-oss's messages, which carry both reasoning
 //!   and calls;
 //! - [`grammar`]: the Lark grammar (llguidance's dialect) that forces a
 //!   call in a format, for `tool_choice` `required` or a named tool.
@@ -22,6 +22,7 @@ pub mod glm;
 pub mod grammar;
 pub mod harmony;
 pub mod hermes;
+pub mod minimax;
 pub mod mistral;
 pub mod qwen_xml;
 pub mod stream;
@@ -180,7 +181,7 @@ pub(crate) fn arguments_of_text(s: &str) -> Option<Value> {
 }
 
 /// `raw` as the value of argument `key` of `tool`, for the formats that
-/// write each argument as text (GLM's, Qwen3.5's XML): their
+/// write each argument as text (GLM's, Qwen3.5's XML, MiniMax-M2's): their
 /// templates write a string as it is and anything else through `tojson`,
 /// so a `string` parameter stays text, a number, boolean, object or array
 /// parameter is JSON, and text that does not parse as the declared type

@@ -7,7 +7,7 @@
 use super::dialect::{CallSyntax, Dialect, THINK_CLOSE, THINK_OPEN};
 use super::harmony::Harmony;
 use super::text::{Trimmed, could_become, find_first, partial_suffix};
-use super::{Block, Delta, Reply, ToolSet, deepseek, glm, hermes, mistral, qwen_xml};
+use super::{Block, Delta, Reply, ToolSet, deepseek, glm, hermes, minimax, mistral, qwen_xml};
 
 /// Parses one reply.
 #[derive(Debug)]
@@ -144,6 +144,7 @@ fn openers(syntax: CallSyntax) -> &'static [&'static str] {
         CallSyntax::Glm { .. } => &[glm::OPEN],
         CallSyntax::DeepSeek { .. } => &[deepseek::OPEN],
         CallSyntax::Mistral => &[mistral::OPEN],
+        CallSyntax::MiniMax => &[minimax::OPEN],
         CallSyntax::Harmony => &[],
     }
 }
@@ -233,6 +234,7 @@ impl Markers {
                         CallSyntax::Glm { .. } => glm::scan(&self.buf, at_end, tools),
                         CallSyntax::DeepSeek { .. } => deepseek::scan(&self.buf, at_end, tools),
                         CallSyntax::Mistral => mistral::scan(&self.buf, at_end, tools),
+                        CallSyntax::MiniMax => minimax::scan(&self.buf, at_end, tools),
                         CallSyntax::Harmony => Block::Bad,
                     };
                     match block {
