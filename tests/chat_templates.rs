@@ -1,6 +1,6 @@
 //! Chat templates shaped like the published ones (gpt-oss's harmony
 //! template with `strftime_now`, Qwen3's ChatML with thinking, and the tool
-//! templates of Qwen3, GLM-4.5, gpt-oss, DeepSeek-V3 and Mistral with
+//! templates of Qwen3, GLM-4.5, gpt-oss, DeepSeek-V3, Mistral and MiniMax-M2 with
 //! offered tools, calls, results and `chat_template_kwargs`, and the
 //! bundled model's own template with tools) render
 //! exactly as transformers renders them: fixtures/chat-templates/expected.json

@@ -214,6 +214,7 @@ fn cases() -> Vec<Case> {
     let deepseek = d(CallSyntax::DeepSeek { fenced: true }, true);
     let mistral = d(CallSyntax::Mistral, false);
     let qwen_xml = d(CallSyntax::QwenXml, false);
+    let minimax = d(CallSyntax::MiniMax, true);
     let case = |name, template, dialect, end, max_calls, content| Case {
         name,
         template,
@@ -236,6 +237,14 @@ fn cases() -> Vec<Case> {
             fixture("qwen35-xml-tools.jinja"),
             qwen_xml,
             "<|im_end|>",
+            3,
+            Where::Content,
+        ),
+        case(
+            "minimax-m2-tools",
+            fixture("minimax-m2-tools.jinja"),
+            minimax,
+            "[e~[",
             3,
             Where::Content,
         ),
@@ -322,9 +331,14 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// The reasoning of a turn whose generation prompt opened it (MiniMax-M2's
+/// `<think>\n`): a reply to such a prompt starts inside its reasoning.
+const THOUGHT: &str = "Which tool fits?\nThis one.";
+
 /// The text the model would have written for an assistant turn with
 /// `calls` to `list`'s tools, as `case`'s template renders it, whether the
-/// prompt opened reasoning, and the reply parsed back.
+/// prompt opened reasoning (then the turn reasons [`THOUGHT`] first), and
+/// the reply parsed back.
 fn round_trip(case: &Case, list: &[Value], content: &str, calls: &[ToolCall]) -> (String, bool, Reply) {
     let tools = Some(list.to_vec());
     let user = ChatMessage::user("What now?");
@@ -339,7 +353,11 @@ fn round_trip(case: &Case, list: &[Value], content: &str, calls: &[ToolCall]) ->
             },
         )
         .unwrap();
+    let in_reasoning = case.dialect.starts_in_reasoning(&prompt);
     let mut turn = ChatMessage::assistant(content);
+    if in_reasoning {
+        turn = turn.with_reasoning(THOUGHT);
+    }
     for (i, c) in calls.iter().enumerate() {
         let id = format!("call_{i}");
         turn.tool_calls.push(MessageToolCall::function(
@@ -385,7 +403,6 @@ fn round_trip(case: &Case, list: &[Value], content: &str, calls: &[ToolCall]) ->
     {
         reply = &reply[..at];
     }
-    let in_reasoning = case.dialect.starts_in_reasoning(&prompt);
     let parsed = ReplyParser::parse(case.dialect, Some(tool_set_of(list)), in_reasoning, reply);
     (reply.to_string(), in_reasoning, parsed)
 }
@@ -427,15 +444,16 @@ proptest! {
             let calls = &calls[..calls.len().min(case.max_calls)];
             let (text, in_reasoning, reply) = round_trip(&case, &list, &content, calls);
             prop_assert_eq!(&reply.calls, &calls.to_vec(), "{}: {:?}", case.name, text);
-            let (got, other) = match case.content {
-                Where::Content => (&reply.content, &reply.reasoning),
-                Where::Reasoning => (&reply.reasoning, &reply.content),
-                Where::Dropped => (&reply.content, &reply.reasoning),
+            let thought = if in_reasoning { THOUGHT } else { "" };
+            let (got, other, other_is) = match case.content {
+                Where::Content => (&reply.content, &reply.reasoning, thought),
+                Where::Reasoning => (&reply.reasoning, &reply.content, ""),
+                Where::Dropped => (&reply.content, &reply.reasoning, thought),
             };
             if case.content != Where::Dropped {
                 prop_assert_eq!(got, &content, "{}: {:?}", case.name, text);
             }
-            prop_assert_eq!(other, "", "{}: {:?}", case.name, text);
+            prop_assert_eq!(other, other_is, "{}: {:?}", case.name, text);
             // Piece by piece, the same.
             let streamed = chunked(case.dialect, tool_set_of(&list), in_reasoning, &text, &[3, 1, 7, 2]);
             prop_assert_eq!(&streamed, &reply, "{}", case.name);
@@ -476,6 +494,10 @@ fn segment(syntax: CallSyntax) -> impl Strategy<Value = String> {
         Just("<arg_key>x</arg_key>".to_string()),
         Just("<function=now>".to_string()),
         Just("</parameter>".to_string()),
+        Just("<minimax:tool_call>".to_string()),
+        Just("<invoke name=\"now\">".to_string()),
+        Just("</invoke>".to_string()),
+        Just("</minimax:tool_call>".to_string()),
         Just("[TOOL_CALLS]".to_string()),
         Just("<｜tool▁calls▁begin｜>".to_string()),
         Just("<|channel|>".to_string()),
@@ -516,6 +538,14 @@ fn written(syntax: CallSyntax, c: &ToolCall) -> String {
             }
             s + "</function>\n</tool_call>"
         }
+        CallSyntax::MiniMax => {
+            let mut s = format!("<minimax:tool_call>\n<invoke name=\"{}\">\n", c.name);
+            for (k, v) in c.arguments.as_object().unwrap() {
+                let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                s.push_str(&format!("<parameter name=\"{k}\">{v}</parameter>\n"));
+            }
+            s + "</invoke>\n</minimax:tool_call>"
+        }
         CallSyntax::Harmony => format!(
             "<|start|>assistant<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{args}<|end|>",
             c.name
@@ -540,6 +570,7 @@ fn syntaxes() -> Vec<(CallSyntax, bool)> {
         (CallSyntax::DeepSeek { fenced: true }, true),
         (CallSyntax::Mistral, false),
         (CallSyntax::QwenXml, false),
+        (CallSyntax::MiniMax, true),
     ]
 }
 
@@ -548,7 +579,7 @@ proptest! {
 
     #[test]
     fn pieces_parse_as_the_whole(
-        which in 0usize..7,
+        which in 0usize..8,
         sizes in proptest::collection::vec(1usize..12, 1..6),
         in_reasoning in any::<bool>(),
         tools_on in any::<bool>(),
@@ -559,6 +590,7 @@ proptest! {
                 segment(CallSyntax::Harmony),
                 segment(CallSyntax::DeepSeek { fenced: true }),
                 segment(CallSyntax::Mistral),
+                segment(CallSyntax::MiniMax),
             ],
             0..8,
         ),
@@ -671,4 +703,146 @@ fn a_false_start_is_released_before_the_end() {
     }
     assert!(early.content.starts_with("<tool_call>{word0 word1"), "{early:?}");
     assert!(early.calls.is_empty());
+}
+
+/// The MiniMax-M2-shaped template's case.
+fn minimax_case() -> Case {
+    cases()
+        .into_iter()
+        .find(|c| c.name == "minimax-m2-tools")
+        .expect("the MiniMax-M2 case")
+}
+
+/// A MiniMax-M2 reply as its template writes it: the reasoning the prompt
+/// opened, content, and the calls (`calls` renamed to `names`, all in one
+/// block); where the content starts (after `</think>`) and the block's
+/// byte range.
+fn minimax_reply(
+    content: &str,
+    calls: &[ToolCall],
+    names: &[String; 3],
+) -> (Vec<Value>, String, usize, std::ops::Range<usize>) {
+    let (list, calls) = renamed(names, calls);
+    let (text, in_reasoning, _) = round_trip(&minimax_case(), &list, content, &calls);
+    assert!(in_reasoning, "the prompt opens <think>");
+    let body = text.find("</think>").expect("reasoning closed") + "</think>".len();
+    let open = text.find("<minimax:tool_call>").expect("a block");
+    let close = text.rfind("</minimax:tool_call>").expect("a closed block") + "</minimax:tool_call>".len();
+    (list, text, body, open..close)
+}
+
+fn minimax() -> Dialect {
+    Dialect {
+        calls: Some(CallSyntax::MiniMax),
+        think: true,
+    }
+}
+
+/// Where the block's markup tags are (not its names or values).
+fn minimax_tags(text: &str, block: &std::ops::Range<usize>) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for tag in ["<invoke name=", "</invoke>", "<parameter name="] {
+        let mut from = block.start;
+        while let Some(at) = text[from..block.end].find(tag) {
+            out.push((from + at, tag.len()));
+            from += at + tag.len();
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Up to six parallel calls in one block, any names and values, read
+    /// back whole and piece by piece, after the reasoning the prompt opened.
+    #[test]
+    fn minimax_parallel_calls_read_back(
+        content in content(),
+        calls in proptest::collection::vec(call(), 1..7),
+        names in names(),
+        sizes in proptest::collection::vec(1usize..12, 1..6),
+    ) {
+        let (list, text, _, _) = minimax_reply(&content, &calls, &names);
+        let (_, calls) = renamed(&names, &calls);
+        let reply = ReplyParser::parse(minimax(), Some(tool_set_of(&list)), true, &text);
+        prop_assert_eq!(&reply.calls, &calls, "{:?}", text);
+        prop_assert_eq!(&reply.content, &content, "{:?}", text);
+        prop_assert_eq!(reply.reasoning.as_str(), THOUGHT, "{:?}", text);
+        prop_assert_eq!(chunked(minimax(), tool_set_of(&list), true, &text, &sizes), reply);
+    }
+
+    /// A block the reply's end cuts inside a call, or one whose markup lost
+    /// a character, is no call: all of its text stays content, streamed or not.
+    #[test]
+    fn a_cut_or_garbled_minimax_block_stays_text(
+        content in content(),
+        calls in proptest::collection::vec(call(), 1..4),
+        names in names(),
+        cut in any::<proptest::sample::Index>(),
+        tag in any::<proptest::sample::Index>(),
+        at in any::<proptest::sample::Index>(),
+        sizes in proptest::collection::vec(1usize..12, 1..6),
+    ) {
+        let (list, text, body, block) = minimax_reply(&content, &calls, &names);
+        let tools = tool_set_of(&list);
+        // Cut before the last call's end.
+        let last_end = text[..block.end].rfind("</invoke>").expect("a call") + "</invoke>".len();
+        let mut end = block.start + 1 + cut.index(last_end - block.start - 1);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        // One character of one tag left out.
+        let tags = minimax_tags(&text, &block);
+        let (tag_at, tag_len) = tags[tag.index(tags.len())];
+        let drop = tag_at + at.index(tag_len);
+        let garbled = format!("{}{}", &text[..drop], &text[drop + 1..]);
+        for bad in [&text[..end], garbled.as_str()] {
+            let reply = ReplyParser::parse(minimax(), Some(tools.clone()), true, bad);
+            prop_assert!(reply.calls.is_empty(), "{:?}", bad);
+            prop_assert_eq!(reply.reasoning.as_str(), THOUGHT, "{:?}", bad);
+            prop_assert_eq!(reply.content.as_str(), bad[body..].trim(), "{:?}", bad);
+            prop_assert_eq!(chunked(minimax(), tools.clone(), true, bad, &sizes), reply);
+        }
+    }
+}
+
+/// Text before and after a block is content, in reply order; a block of
+/// an unknown tool, or cut off, is text; without tools a block is text.
+#[test]
+fn minimax_text_around_calls_and_broken_calls() {
+    let block = "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo</parameter>\n\
+                 <parameter name=\"days\">2</parameter>\n</invoke>\n<invoke name=\"now\">\n</invoke>\n</minimax:tool_call>";
+    let text = format!("Let me see.\n</think>\n\nSure.\n{block}\nAnything else?");
+    let mut p = ReplyParser::new(minimax(), Some(tool_set()), true);
+    let mut deltas = p.push(&text);
+    deltas.extend(p.finish());
+    assert_eq!(
+        deltas,
+        vec![
+            Delta::Reasoning("Let me see.".into()),
+            Delta::Content("Sure.".into()),
+            Delta::Call(ToolCall {
+                name: "get_weather".into(),
+                arguments: json!({"city": "Oslo", "days": 2})
+            }),
+            Delta::Call(ToolCall {
+                name: "now".into(),
+                arguments: json!({})
+            }),
+            Delta::Content("Anything else?".into()),
+        ]
+    );
+    for text in [
+        "<minimax:tool_call>\n<invoke name=\"rm_rf\">\n</invoke>\n</minimax:tool_call>",
+        "a <minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Oslo",
+        "<minimax:tool_call>\n<invoke name=\"now\">\n</invoke>\n<invoke name=\"now\">",
+        "<minimax:tool_call> is the tag I would use </minimax:tool_call> b",
+    ] {
+        let r = ReplyParser::parse(minimax(), Some(tool_set()), false, text);
+        assert!(r.calls.is_empty(), "{text}");
+        assert_eq!(r.content, text.trim(), "{text}");
+    }
+    assert_eq!(ReplyParser::parse(minimax(), None, false, block).content, block);
 }

@@ -108,6 +108,8 @@ CASES = [
     ("deepseek-tools.jinja", [m("system", "Be brief."), m("user", "Weather?"), assistant("", [("d1", "get_weather", '{"city": "Paris"}'), ("d2", "now", "{}")]), tool("d1", "sunny"), tool("d2", "noon")], True, TOOLS, {}),
     ("mistral-tools.jinja", [m("user", "Weather?"), assistant("", [("abcDEF123", "get_weather", WEATHER)]), tool("abcDEF123", "sunny"), m("assistant", "Sunny."), m("user", "Thanks")], True, TOOLS, {}),
     ("mistral-tools.jinja", [m("user", "Weather?"), assistant("", [("call_1", "get_weather", WEATHER)])], False, TOOLS, {}),
+    ("minimax-m2-tools.jinja", [m("system", "Be brief."), m("user", "Weather?"), assistant("Checking both.", [("m1", "get_weather", MIXED), ("m2", "now", {})], "I should check."), tool("m1", "rain"), tool("m2", "noon")], True, TOOLS, {}),
+    ("minimax-m2-tools.jinja", [m("user", "Weather?"), assistant("", [("m1", "get_weather", WEATHER)], "Old thought."), tool("m1", "sunny"), m("assistant", "Sunny."), m("user", "Thanks")], True, None, {"enable_thinking": False}),
     # The bundled model: hermes-style calls, tool results as user turns.
     (BUNDLED, [m("system", "Be brief."), m("user", "what does river mean?")], True),
     (BUNDLED, [m("user", "river?"), assistant("", [("c1", "get_weather", MIXED), ("c2", "now", "{}")]), tool("c1", "rain"), tool("c2", "noon")], True, TOOLS, {}),
