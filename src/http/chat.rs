@@ -128,6 +128,7 @@ pub fn prepare(
             tools: &forced,
             parallel: tools.is_some_and(|t| t.parallel),
             in_reasoning,
+            after_reasoning: dialect.ends_reasoning(&text),
         };
         let special = |marker: &str| tokenizer.special_token_id(marker);
         let grammar = forced_call(dialect, &f, &special)

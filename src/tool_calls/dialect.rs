@@ -144,6 +144,13 @@ impl Dialect {
         }
     }
 
+    /// Whether `prompt` ends with reasoning it closed itself (the empty
+    /// `<think></think>` a template writes when thinking is switched off):
+    /// the reply is the answer, not more reasoning.
+    pub fn ends_reasoning(self, prompt: &str) -> bool {
+        self.think && prompt.trim_end().ends_with(THINK_CLOSE)
+    }
+
     /// The id a template sees for tool call `id`. Mistral's templates refuse
     /// ids that are not 9 letters or digits, so those get a stable 9-character
     /// stand-in (the same id always maps to the same stand-in, so a call and
@@ -279,6 +286,11 @@ mod tests {
         assert!(!d.starts_in_reasoning("<|assistant|><think></think>"));
         assert!(!d.starts_in_reasoning("<|im_start|>assistant\n"));
         assert!(!Dialect::NONE.starts_in_reasoning("<think>"));
+        assert!(d.ends_reasoning("]~b]ai\n<think>\n</think>\n\n"));
+        assert!(d.ends_reasoning("<|assistant|><think></think>"));
+        assert!(!d.ends_reasoning("<|im_start|>assistant\n"));
+        assert!(!d.ends_reasoning("<think>\n"));
+        assert!(!Dialect::NONE.ends_reasoning("</think>"));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! not what the model was trained on. Other markers are quoted strings, and
 //! text before one is a lazy regex that ends at it. When the family reasons
 //! between `<think>` and `</think>`, the reasoning comes first: it must
-//! when the prompt opened it, and may otherwise.
+//! when the prompt opened it, may when the prompt did neither, and does not
+//! when the prompt closed it (thinking switched off).
 
 use serde_json::{Value, json};
 
@@ -27,6 +28,9 @@ pub struct Forced<'a> {
     pub parallel: bool,
     /// The prompt left the reply inside `<think>`.
     pub in_reasoning: bool,
+    /// The prompt closed the reasoning itself ([`Dialect::ends_reasoning`]):
+    /// the call comes at once, no `<think>` before it.
+    pub after_reasoning: bool,
 }
 
 /// The Lark grammar forcing a call in `dialect`'s format; `None` when the
@@ -46,7 +50,7 @@ pub fn forced_call(
         special,
         fresh: 0,
     };
-    let prefix = if dialect.think && syntax != CallSyntax::Harmony {
+    let prefix = if dialect.think && syntax != CallSyntax::Harmony && (f.in_reasoning || !f.after_reasoning) {
         let close = g.until(THINK_CLOSE);
         if f.in_reasoning {
             format!("{close} sp? ")
@@ -391,6 +395,7 @@ mod tests {
             tools: &tools,
             parallel: false,
             in_reasoning: false,
+            after_reasoning: false,
         };
         let g = forced_call(dialect(CallSyntax::Hermes, true), &f, &none).unwrap();
         let json = schema_text(
@@ -410,12 +415,32 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_that_closed_the_reasoning_is_followed_by_the_call() {
+        let tools = [weather()];
+        let f = Forced {
+            tools: &tools,
+            parallel: false,
+            in_reasoning: false,
+            after_reasoning: true,
+        };
+        for (syntax, start) in [
+            (CallSyntax::Hermes, "start: call\n"),
+            (CallSyntax::MiniMax, "start: \"<minimax:tool_call>\""),
+        ] {
+            let g = forced_call(dialect(syntax, true), &f, &none).unwrap();
+            assert!(g.starts_with(start), "{g}");
+            assert!(!g.contains("think"), "{g}");
+        }
+    }
+
+    #[test]
     fn special_markers_are_token_ids_and_calls_may_repeat() {
         let tools = [weather(), time()];
         let f = Forced {
             tools: &tools,
             parallel: true,
             in_reasoning: true,
+            after_reasoning: false,
         };
         let special = |m: &str| match m {
             "<tool_call>" => Some(151657),
@@ -442,6 +467,7 @@ mod tests {
             tools: &tools,
             parallel: false,
             in_reasoning: false,
+            after_reasoning: false,
         };
         let g = forced_call(dialect(CallSyntax::Glm { newlines: false }, false), &f, &none).unwrap();
         let int = schema_text(&json!({"type": "integer"}));
@@ -470,6 +496,7 @@ mod tests {
             tools: &tools,
             parallel: true,
             in_reasoning: true,
+            after_reasoning: false,
         };
         let special = |m: &str| match m {
             "<minimax:tool_call>" => Some(200052),
@@ -496,6 +523,7 @@ mod tests {
             tools: &tools[1..],
             parallel: false,
             in_reasoning: false,
+            after_reasoning: false,
         };
         let g = forced_call(dialect(CallSyntax::MiniMax, true), &one, &none).unwrap();
         assert!(
@@ -511,6 +539,7 @@ mod tests {
             tools: &tools,
             parallel: false,
             in_reasoning: false,
+            after_reasoning: false,
         };
         let ids = |m: &str| {
             [
