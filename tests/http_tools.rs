@@ -764,3 +764,174 @@ async fn qwen35_xml_calls_are_forced_and_read_back() {
     assert_eq!(uses[0]["name"], "synonyms");
     assert!(uses[0]["input"]["exact"].is_boolean(), "{v}");
 }
+
+/// The bundled model with a MiniMax-M2-shaped template.
+fn minimax_model() -> tempfile::TempDir {
+    let template = std::fs::read_to_string(repo().join("fixtures/chat-templates/minimax-m2-tools.jinja"))
+        .expect("minimax-m2-tools.jinja");
+    model_with_template(&template)
+}
+
+/// Tools whose forced calls end well inside a test's token budget: no
+/// string parameter (a string value is free text up to `</parameter>`,
+/// which the random-ish bundled model need not close), bounded integers.
+fn counting_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "synonyms", "description": "Words that mean the same",
+            "parameters": {"type": "object", "required": ["count", "exact"],
+                "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 5},
+                               "exact": {"type": "boolean"}}}}},
+        {"type": "function", "function": {"name": "antonyms", "description": "Words that mean the opposite",
+            "parameters": {"type": "object", "required": ["count"],
+                "properties": {"count": {"type": "integer", "minimum": 1, "maximum": 3}}}}}
+    ])
+}
+
+/// A template that writes MiniMax-M2's calls is read in that format: a
+/// forced call (`required`, a named tool, parallel calls in one block) is
+/// generated in it (the grammar) and read back (the parser) into calls of
+/// offered tools whose arguments satisfy the schema, on both APIs,
+/// streamed or not; the calls and their results render into the prompt of
+/// the next request. The template's generation prompt opens `<think>`, as
+/// MiniMax-M2's does; these requests close it (`enable_thinking: false`,
+/// Anthropic's `thinking: disabled`), and then the call comes at once: the
+/// bundled model need not end a reasoning of its own within the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minimax_m2_calls_are_forced_and_read_back() {
+    let model = minimax_model();
+    let srv = HttpServer::start(model.path(), &[]);
+    let tools = counting_tools();
+    for seed in 1..=3 {
+        for (choice, allowed, parallel) in [
+            (json!("required"), None, false),
+            (
+                json!({"type": "function", "function": {"name": "antonyms"}}),
+                Some("antonyms"),
+                false,
+            ),
+            (json!("required"), None, true),
+        ] {
+            let what = format!("seed {seed}, tool_choice {choice}, parallel {parallel}");
+            let body = json!({
+                "messages": [{"role": "user", "content": "what does river mean?"}],
+                "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel,
+                "chat_template_kwargs": {"enable_thinking": false},
+                "temperature": 1.0, "seed": seed, "max_tokens": 300,
+            });
+            let (status, v) = srv.post("/v1/chat/completions", &body).await;
+            assert_eq!(status, 200, "{what}: {v}");
+            let choice0 = &v["choices"][0];
+            let calls = choice0["message"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            // Streamed: the same message.
+            let mut streamed = body.clone();
+            streamed["stream"] = json!(true);
+            let events = srv.stream("/v1/chat/completions", &streamed).await;
+            let (m, finish) = openai_message(&events);
+            assert_eq!(without_ids(&m), without_ids(&choice0["message"]), "{what}");
+            assert_eq!(finish, choice0["finish_reason"].as_str().unwrap_or(""), "{what}");
+            if parallel && choice0["finish_reason"] == "length" {
+                // Parallel calls may go on until max_tokens (the bundled
+                // model seldom closes the block): a block cut off inside a
+                // call is no call, all of it content (one cut just after a
+                // call is the calls before the cut).
+                if calls.is_empty() {
+                    let content = choice0["message"]["content"].as_str().unwrap_or("");
+                    assert!(
+                        content.starts_with("<minimax:tool_call>\n<invoke name=\""),
+                        "{what}: {v}"
+                    );
+                } else {
+                    check_calls(&calls, &tools, allowed, &what);
+                }
+                continue;
+            }
+            assert_eq!(choice0["finish_reason"], "tool_calls", "{what}: {v}");
+            if !parallel {
+                assert_eq!(calls.len(), 1, "{what}: {v}");
+            }
+            check_calls(&calls, &tools, allowed, &what);
+            // The calls and their results go back in the next request.
+            let mut messages = vec![
+                json!({"role": "user", "content": "what does river mean?"}),
+                choice0["message"].clone(),
+            ];
+            for c in &calls {
+                messages.push(
+                    json!({"role": "tool", "tool_call_id": c["id"].clone(), "content": "stream, brook"}),
+                );
+            }
+            let next = json!({"messages": messages, "tools": tools, "max_tokens": 8, "seed": seed});
+            let (status, v) = srv.post("/v1/chat/completions", &next).await;
+            assert_eq!(status, 200, "{what}: {v}");
+        }
+    }
+    // On the Anthropic API, streamed and not; one call, whatever the
+    // sampler draws (the API has no seed). Greedy, the stream adds up to the
+    // unstreamed reply.
+    let anthropic_tools: Vec<Value> = tools
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            json!({"name": t["function"]["name"], "description": t["function"]["description"],
+                   "input_schema": t["function"]["parameters"]})
+        })
+        .collect();
+    for (choice, allowed, temperature) in [
+        (
+            json!({"type": "any", "disable_parallel_tool_use": true}),
+            None,
+            1.0,
+        ),
+        (
+            json!({"type": "tool", "name": "antonyms", "disable_parallel_tool_use": true}),
+            Some("antonyms"),
+            1.0,
+        ),
+        (
+            json!({"type": "any", "disable_parallel_tool_use": true}),
+            None,
+            0.0,
+        ),
+    ] {
+        let body = json!({
+            "model": "m", "max_tokens": 300, "temperature": temperature,
+            "messages": [{"role": "user", "content": "what does river mean?"}],
+            "tools": anthropic_tools, "tool_choice": choice, "thinking": {"type": "disabled"},
+        });
+        let (status, v) = srv.post("/v1/messages", &body).await;
+        assert_eq!(status, 200, "{choice}: {v}");
+        assert_eq!(v["stop_reason"], "tool_use", "{choice}: {v}");
+        let blocks = v["content"].as_array().cloned().unwrap_or_default();
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events = srv.stream("/v1/messages", &streamed).await;
+        let (sblocks, sstop) = anthropic_content(&events);
+        assert_eq!(sstop, "tool_use", "{choice}: {events:?}");
+        let unnamed = |blocks: &[Value]| -> Vec<Value> {
+            blocks
+                .iter()
+                .map(|b| {
+                    let mut b = b.clone();
+                    b.as_object_mut().map(|o| o.remove("id"));
+                    b
+                })
+                .collect()
+        };
+        if temperature == 0.0 {
+            assert_eq!(unnamed(&sblocks), unnamed(&blocks), "{choice}: {events:?}");
+        }
+        for (what, blocks) in [("unstreamed", &blocks), ("streamed", &sblocks)] {
+            let uses: Vec<Value> = blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_use")
+                .map(|b| json!({"function": {"name": b["name"], "arguments": b["input"].to_string()}}))
+                .collect();
+            assert_eq!(uses.len(), 1, "{choice}, {what}: {blocks:?}");
+            check_calls(&uses, &tools, allowed, &format!("{choice}, {what}"));
+        }
+    }
+}
