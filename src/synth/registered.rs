@@ -2,22 +2,25 @@
 //!
 //! A family added after the first six does not grow [`super::Family`]'s
 //! match arms: it implements [`SynthFamily`] beside its loader (tensor
-//! names, config.json, the draw of its own tensors) and lists its presets
-//! in its registration ([`crate::model::family::Family::synth_presets`]),
-//! so `coli synth --preset` finds every shape through the one registry.
+//! names, config.json, the checks its loader would make, the draw of its
+//! own tensors) and lists its presets in its registration
+//! ([`crate::model::family::Family::synth_presets`]), so `coli synth
+//! --preset` finds every shape through the one registry.
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 
-use super::SynthSpec;
+use super::{DecoderShape, SpecError, SynthSpec};
 
 /// A tensor's name and shape.
 pub type SynthTensor = (String, Vec<usize>);
 
 /// What synth asks of a family whose shape lives in the family's folder.
-/// The spec's shared fields (vocabulary, hidden size, layers, query heads,
-/// experts, top-k, expert intermediate size, positions, RoPE base, norm
-/// epsilon, formats, seed) are passed in; the implementor holds the rest.
+/// The spec's shared fields (vocabulary,
+/// hidden size, layers, query heads, experts, top-k, expert intermediate
+/// size, positions, RoPE base, norm epsilon, formats, seed) are passed in;
+/// the implementor holds the rest.
 pub trait SynthFamily: Send + Sync + fmt::Debug {
     /// config.json's `model_type`.
     fn model_type(&self) -> &'static str;
@@ -28,11 +31,25 @@ pub trait SynthFamily: Send + Sync + fmt::Debug {
     /// The real model's end-of-text id (used when the vocabulary has it).
     fn eos_id(&self) -> usize;
 
-    /// Size of one attention head.
-    fn head_dim(&self, spec: &SynthSpec) -> usize;
+    /// A Llama-style decoder's grouped-query attention, whose heads have
+    /// their own size rather than hidden / heads, so shared code and tests
+    /// can size heads and KV without knowing the family; `None` where the
+    /// attention is another kind.
+    fn decoder(&self) -> Option<&DecoderShape> {
+        None
+    }
 
-    /// Layers with routed experts.
-    fn sparse_layers(&self, spec: &SynthSpec) -> usize;
+    /// Size of one attention head; by default the decoder's own, else
+    /// hidden / heads.
+    fn head_dim(&self, spec: &SynthSpec) -> usize {
+        self.decoder().map_or(spec.hidden / spec.heads, |a| a.head_dim)
+    }
+
+    /// Layers with routed experts; by default every layer (a family with
+    /// dense leading layers subtracts them).
+    fn sparse_layers(&self, spec: &SynthSpec) -> usize {
+        spec.layers
+    }
 
     /// config.json as transformers writes it for the family.
     fn config_json(&self, spec: &SynthSpec) -> serde_json::Value;
@@ -40,6 +57,16 @@ pub trait SynthFamily: Send + Sync + fmt::Debug {
     /// Decoder layer `l`'s tensors under the names the family's loader
     /// reads (unsorted).
     fn layer_tensors(&self, spec: &SynthSpec, l: usize) -> Vec<SynthTensor>;
+
+    /// What the engine would refuse later, refused before a byte is
+    /// written (the spec has checked that every size is non-zero and top-k
+    /// fits). By default the registry's check: formats the loaders read, a
+    /// sparse layer, and the family's own config validation on the
+    /// config.json this spec writes ([`SynthSpec::check_registered`]); a
+    /// family whose messages or formats differ checks its own way.
+    fn validate(&self, spec: &SynthSpec) -> Result<(), SpecError> {
+        spec.check_registered()
+    }
 
     /// The draw of the family's own tensors `(base, amplitude)`, where the
     /// shared rule (variance 1 / fan_in, norms around 1) does not fit; `None`
@@ -53,6 +80,14 @@ pub trait SynthFamily: Send + Sync + fmt::Debug {
     fn scaled(&self, _round: &dyn Fn(usize, usize) -> usize) -> Result<Arc<dyn SynthFamily>, String> {
         Err(format!("--scale is not offered for {} presets", self.name()))
     }
+
+    /// The multiple `--scale` rounds the hidden size to: 64 by default, so
+    /// int4 groups up to 64 still divide it (heads of their own size do
+    /// not depend on it); a family whose heads are hidden / `heads` asks
+    /// for a multiple that keeps them whole.
+    fn hidden_multiple(&self, _heads: usize) -> usize {
+        64
+    }
 }
 
 /// A [`SynthFamily`] inside a [`super::Family`]: compared by what it
@@ -63,6 +98,14 @@ pub struct Registered(pub Arc<dyn SynthFamily>);
 impl PartialEq for Registered {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0) || format!("{:?}", self.0) == format!("{:?}", other.0)
+    }
+}
+
+impl Deref for Registered {
+    type Target = dyn SynthFamily;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
     }
 }
 

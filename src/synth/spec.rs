@@ -83,14 +83,15 @@ impl Family {
     }
 
     /// The grouped-query attention sizes of a Llama-style decoder family
-    /// (Qwen3-MoE, Mixtral, GLM-4.x MoE, gpt-oss).
+    /// (Qwen3-MoE, Mixtral, GLM-4.x MoE, gpt-oss, MiniMax-M2).
     pub fn decoder(&self) -> Option<&DecoderShape> {
         match self {
             Family::Qwen3Moe { attn, .. } | Family::Mixtral { attn } | Family::GptOss { attn, .. } => {
                 Some(attn)
             }
             Family::Glm4Moe(g) => Some(&g.attn),
-            Family::Olmoe | Family::Glm(_) | Family::Registered(_) => None,
+            Family::Registered(r) => r.0.decoder(),
+            Family::Olmoe | Family::Glm(_) => None,
         }
     }
 }
@@ -494,8 +495,9 @@ impl SynthSpec {
                 ));
             }
             Family::Registered(r) => {
+                let step = r.0.hidden_multiple(self.heads);
                 r.0 = r.0.scaled(&round).map_err(SpecError::Invalid)?;
-                64
+                step
             }
         };
         self.hidden = round(self.hidden, hidden_step);
@@ -551,14 +553,15 @@ impl SynthSpec {
             Family::Qwen3Moe { .. } | Family::Mixtral { .. } | Family::Glm4Moe(_) | Family::GptOss { .. } => {
                 self.validate_decoder()
             }
-            Family::Registered(_) => self.validate_registered(),
+            Family::Registered(r) => r.0.validate(self),
         }
     }
 
-    /// A registered family's checks: formats its loader reads, a sparse
-    /// layer, and the family's own config validation (through the registry,
-    /// as the engine will read it) on the config.json this spec writes.
-    fn validate_registered(&self) -> Result<(), SpecError> {
+    /// The registry's checks, the default family validation: formats the
+    /// loaders read, a sparse layer, and the family's own config validation
+    /// (through the registry, as the engine will read it) on the
+    /// config.json this spec writes.
+    pub fn check_registered(&self) -> Result<(), SpecError> {
         self.check_formats(self.family.name())?;
         if self.sparse_layers() == 0 {
             return Err(SpecError::Invalid(format!(

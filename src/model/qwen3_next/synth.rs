@@ -61,10 +61,6 @@ impl SynthFamily for Qwen35Shape {
         self.head_dim
     }
 
-    fn sparse_layers(&self, spec: &SynthSpec) -> usize {
-        spec.layers
-    }
-
     fn config_json(&self, s: &SynthSpec) -> serde_json::Value {
         let kinds: Vec<&str> = (0..s.layers)
             .map(|l| {

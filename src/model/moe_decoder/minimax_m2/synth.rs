@@ -33,12 +33,8 @@ impl SynthFamily for MiniMaxShape {
         200_020
     }
 
-    fn head_dim(&self, _spec: &SynthSpec) -> usize {
-        self.attn.head_dim
-    }
-
-    fn sparse_layers(&self, spec: &SynthSpec) -> usize {
-        spec.layers
+    fn decoder(&self) -> Option<&DecoderShape> {
+        Some(&self.attn)
     }
 
     fn config_json(&self, s: &SynthSpec) -> serde_json::Value {
