@@ -1,13 +1,16 @@
-//! The GLM-5 (`glm_moe_dsa`) shape of a synthetic model: MLA attention with
-//! the DSA indexer, dense leading layers, then sparse layers of routed
-//! experts plus one shared expert behind a sigmoid router.
+//! The multi-head latent attention (MLA) shape of a synthetic model, which
+//! GLM-5 (`glm_moe_dsa`), DeepSeek-V3.2 and GLM-4.7-Flash share: MLA
+//! attention (with the DSA indexer where the family has one), dense leading
+//! layers, then sparse layers of routed experts plus shared ones behind a
+//! sigmoid router. Each family's [`super::SynthFamily`] (in its folder)
+//! adds its `model_type`, layer pattern and indexer keys.
 //!
-//! Only what the GLM loader reads is generated (no MTP layer): the point is
-//! a container whose expert reads are exactly the real model's size, so a
+//! Only what the loaders read is generated (no MTP layer): the point is a
+//! container whose expert reads are exactly the real model's size, so a
 //! benchmark on it meets the real disk traffic, with as many layers as the
 //! disk holds.
 
-/// The GLM-specific hyper-parameters of a [`super::SynthSpec`] (the shared
+/// The MLA families' hyper-parameters of a [`super::SynthSpec`] (the shared
 /// ones, hidden size, heads, experts, top-k, expert intermediate size and
 /// vocabulary, stay in the spec itself).
 #[derive(Clone, Debug, PartialEq)]
@@ -31,26 +34,6 @@ pub struct GlmShape {
 }
 
 impl GlmShape {
-    /// GLM-5's attention, indexer and router hyper-parameters.
-    pub fn glm5() -> Self {
-        Self {
-            dense_intermediate: 12288,
-            first_dense: 3,
-            q_lora_rank: 2048,
-            kv_lora_rank: 512,
-            qk_nope_head_dim: 192,
-            qk_rope_head_dim: 64,
-            v_head_dim: 256,
-            index_n_heads: 32,
-            index_head_dim: 128,
-            index_topk: 2048,
-            n_group: 1,
-            topk_group: 1,
-            n_shared_experts: 1,
-            routed_scaling_factor: 2.5,
-        }
-    }
-
     /// A few MB, every code path of the real shape kept (grouped routing
     /// included, so group-limited selection is exercised too).
     pub fn tiny() -> Self {
@@ -132,21 +115,6 @@ impl GlmShape {
         (0..layers)
             .map(|l| if l < self.first_dense { "dense" } else { "sparse" })
             .collect()
-    }
-
-    /// Per-layer tensors of decoder layer `l` as a Hugging Face GLM-5
-    /// checkpoint names them (unsorted), for a model of hidden size `h`,
-    /// `heads` attention heads, `experts` routed experts of intermediate
-    /// size `inter`.
-    pub(crate) fn layer_tensors(
-        &self,
-        l: usize,
-        h: usize,
-        heads: usize,
-        experts: usize,
-        inter: usize,
-    ) -> Vec<(String, Vec<usize>)> {
-        self.mla_layer_tensors(l, (h, heads, experts, inter), true)
     }
 
     /// Decoder layer `l`'s tensors of an MLA model of `(hidden, heads,

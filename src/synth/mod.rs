@@ -15,13 +15,15 @@ mod rng;
 mod shape;
 mod spec;
 
-pub use decoder::{DecoderShape, Glm4Shape};
+pub use decoder::DecoderShape;
 pub use glm::GlmShape;
 pub use measure::{PassResult, decode_pass, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt};
 pub use registered::{Registered, SynthFamily, SynthPreset, SynthTensor, presets};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};
 pub use shape::ModelShape;
-pub use spec::{Family, SpecError, SynthSpec};
+#[cfg(test)]
+pub(crate) use spec::planned_bytes;
+pub use spec::{SpecError, SynthSpec};
 
 use std::path::Path;
 

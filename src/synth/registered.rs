@@ -1,11 +1,11 @@
-//! Synthetic shapes that a family keeps in its own folder.
+//! Synthetic shapes, each kept in its family's folder.
 //!
-//! A family added after the first six does not grow [`super::Family`]'s
-//! match arms: it implements [`SynthFamily`] beside its loader (tensor
+//! Every family implements [`SynthFamily`] beside its loader (tensor
 //! names, config.json, the checks its loader would make, the draw of its
 //! own tensors) and lists its presets in its registration
 //! ([`crate::model::family::Family::synth_presets`]), so `coli synth
-//! --preset` finds every shape through the one registry.
+//! --preset` finds every shape through the one registry and the shared
+//! spec never names a family.
 
 use std::fmt;
 use std::ops::Deref;
@@ -16,8 +16,7 @@ use super::{DecoderShape, SpecError, SynthSpec};
 /// A tensor's name and shape.
 pub type SynthTensor = (String, Vec<usize>);
 
-/// What synth asks of a family whose shape lives in the family's folder.
-/// The spec's shared fields (vocabulary,
+/// What synth asks of a family. The spec's shared fields (vocabulary,
 /// hidden size, layers, query heads, experts, top-k, expert intermediate
 /// size, positions, RoPE base, norm epsilon, formats, seed) are passed in;
 /// the implementor holds the rest.
@@ -90,8 +89,8 @@ pub trait SynthFamily: Send + Sync + fmt::Debug {
     }
 }
 
-/// A [`SynthFamily`] inside a [`super::Family`]: compared by what it
-/// holds (its `Debug` form lists every field), so specs stay comparable.
+/// A spec's [`SynthFamily`]: compared by what it holds (its `Debug` form
+/// lists every field), so specs stay comparable.
 #[derive(Clone, Debug)]
 pub struct Registered(pub Arc<dyn SynthFamily>);
 

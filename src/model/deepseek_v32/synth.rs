@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::quant::QFormat;
-use crate::synth::{Family, GlmShape, Registered, SynthFamily, SynthSpec, SynthTensor};
+use crate::synth::{GlmShape, Registered, SynthFamily, SynthSpec, SynthTensor};
 
 /// A DeepSeek-V3.2 [`SynthSpec`]'s MLA, indexer and router sizes.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,7 +86,7 @@ pub fn deepseek_v32() -> SynthSpec {
         expert_format: QFormat::Int4Grouped { group: 64 },
         dense_format: QFormat::Int8,
         seed: 0,
-        family: Family::Registered(Registered(Arc::new(DeepseekV32Shape(GlmShape {
+        family: Registered(Arc::new(DeepseekV32Shape(GlmShape {
             dense_intermediate: 18432,
             first_dense: 3,
             q_lora_rank: 1536,
@@ -101,7 +101,7 @@ pub fn deepseek_v32() -> SynthSpec {
             topk_group: 4,
             n_shared_experts: 1,
             routed_scaling_factor: 2.5,
-        })))),
+        }))),
     }
 }
 
@@ -118,11 +118,11 @@ pub fn deepseek_v32_tiny() -> SynthSpec {
         intermediate: 32,
         max_position_embeddings: 256,
         expert_format: QFormat::Int8,
-        family: Family::Registered(Registered(Arc::new(DeepseekV32Shape(GlmShape {
+        family: Registered(Arc::new(DeepseekV32Shape(GlmShape {
             n_group: 2,
             topk_group: 1,
             ..GlmShape::tiny()
-        })))),
+        }))),
         ..deepseek_v32()
     }
 }

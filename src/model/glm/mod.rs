@@ -14,6 +14,7 @@ mod load;
 mod moe;
 mod predictor;
 mod state;
+pub mod synth;
 mod weights;
 
 pub use attention::{ABSORB_MAX_TOKENS, Form, Selection, layer_norm};

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::quant::QFormat;
-use crate::synth::{Family, GlmShape, Registered, SynthFamily, SynthSpec, SynthTensor};
+use crate::synth::{GlmShape, Registered, SynthFamily, SynthSpec, SynthTensor};
 
 /// A GLM-4.7-Flash [`SynthSpec`]'s MLA and router sizes (the indexer's
 /// fields of [`GlmShape`] are unused).
@@ -75,7 +75,7 @@ pub fn glm47_flash() -> SynthSpec {
         expert_format: QFormat::Int8,
         dense_format: QFormat::Int8,
         seed: 0,
-        family: Family::Registered(Registered(Arc::new(Glm47FlashShape(GlmShape {
+        family: Registered(Arc::new(Glm47FlashShape(GlmShape {
             dense_intermediate: 10240,
             first_dense: 1,
             q_lora_rank: 768,
@@ -90,7 +90,7 @@ pub fn glm47_flash() -> SynthSpec {
             topk_group: 1,
             n_shared_experts: 1,
             routed_scaling_factor: 1.8,
-        })))),
+        }))),
     }
 }
 
@@ -105,7 +105,7 @@ pub fn glm47_flash_tiny() -> SynthSpec {
         top_k: 2,
         intermediate: 32,
         max_position_embeddings: 256,
-        family: Family::Registered(Registered(Arc::new(Glm47FlashShape(GlmShape {
+        family: Registered(Arc::new(Glm47FlashShape(GlmShape {
             n_group: 1,
             topk_group: 1,
             routed_scaling_factor: 1.8,
@@ -113,7 +113,7 @@ pub fn glm47_flash_tiny() -> SynthSpec {
             index_head_dim: 0,
             index_topk: 0,
             ..GlmShape::tiny()
-        })))),
+        }))),
         ..glm47_flash()
     }
 }

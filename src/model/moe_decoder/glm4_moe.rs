@@ -14,6 +14,8 @@ use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, chec
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
 
+pub mod synth;
+
 /// `config.json` of a GLM-4.x MoE checkpoint as written by transformers
 /// (defaults are `Glm4MoeConfig`'s).
 #[derive(Deserialize)]

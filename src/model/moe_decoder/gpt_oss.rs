@@ -13,6 +13,8 @@ use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, chec
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
 
+pub mod synth;
+
 /// `config.json` of a gpt-oss checkpoint (defaults are `GptOssConfig`'s).
 #[derive(Deserialize)]
 struct GptOssJson {

@@ -6,8 +6,10 @@
 //! [`MoeDecoderConfig`] carries the differences, and each config parser
 //! (`config.rs` for Qwen3 and Mixtral, `glm4_moe.rs`, `gpt_oss.rs`,
 //! `minimax_m2/`) has its
-//! registry entry. OLMoE runs its layers through the same pass
-//! ([`run_pass`]) and predictor.
+//! registry entry and its `coli synth` shape (`synth.rs` for Qwen3 and
+//! Mixtral, `glm4_moe/synth.rs`, `gpt_oss/synth.rs`, `minimax_m2/synth.rs`).
+//! OLMoE runs its layers through the same pass ([`run_pass`]) and
+//! predictor.
 
 mod config;
 mod family;
@@ -18,6 +20,7 @@ mod gpt_oss_experts;
 mod load;
 pub mod minimax_m2;
 mod predictor;
+pub mod synth;
 mod weights;
 
 pub use config::{DecoderKind, MoeDecoderConfig, RopeScaling, RouterChoice, Yarn};

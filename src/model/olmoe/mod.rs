@@ -10,6 +10,7 @@ mod family;
 mod forward;
 pub mod gguf;
 mod load;
+pub mod synth;
 
 pub use crate::model::lm::{ForwardError, Logits};
 pub use crate::model::moe_decoder::{DenseWeights, LayerWeights, RouterPredictor};

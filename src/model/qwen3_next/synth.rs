@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::config::LinearShape;
 use crate::quant::QFormat;
-use crate::synth::{Family, Registered, SynthFamily, SynthSpec, SynthTensor};
+use crate::synth::{Registered, SynthFamily, SynthSpec, SynthTensor};
 
 /// The sizes of a Qwen3.5-MoE [`SynthSpec`] beyond the spec's own (whose
 /// `intermediate` is the routed experts' `moe_intermediate_size`).
@@ -208,7 +208,7 @@ fn spec(
         expert_format: QFormat::Int8,
         dense_format: QFormat::Int8,
         seed: 0,
-        family: Family::Registered(Registered(Arc::new(shape))),
+        family: Registered(Arc::new(shape)),
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::model::expert::ExpertNaming;
 use crate::quant::QFormat;
-use crate::synth::{DecoderShape, Family, Registered, SynthFamily, SynthSpec, SynthTensor};
+use crate::synth::{DecoderShape, Registered, SynthFamily, SynthSpec, SynthTensor};
 
 /// The sizes of a MiniMax-M2 [`SynthSpec`] beyond the spec's own (whose
 /// `intermediate` is the experts' `intermediate_size`).
@@ -111,13 +111,13 @@ pub fn minimax_m2() -> SynthSpec {
         expert_format: QFormat::Int4Grouped { group: 64 },
         dense_format: QFormat::Int8,
         seed: 0,
-        family: Family::Registered(Registered(Arc::new(MiniMaxShape {
+        family: Registered(Arc::new(MiniMaxShape {
             attn: DecoderShape {
                 kv_heads: 8,
                 head_dim: 128,
             },
             rotary_dim: 64,
-        }))),
+        })),
     }
 }
 
@@ -134,13 +134,13 @@ pub fn minimax_tiny() -> SynthSpec {
         intermediate: 32,
         max_position_embeddings: 256,
         expert_format: QFormat::Int8,
-        family: Family::Registered(Registered(Arc::new(MiniMaxShape {
+        family: Registered(Arc::new(MiniMaxShape {
             attn: DecoderShape {
                 kv_heads: 2,
                 head_dim: 16,
             },
             rotary_dim: 8,
-        }))),
+        })),
         ..minimax_m2()
     }
 }
