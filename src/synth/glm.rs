@@ -10,6 +10,8 @@
 //! benchmark on it meets the real disk traffic, with as many layers as the
 //! disk holds.
 
+use super::SynthTensor;
+
 /// The MLA families' hyper-parameters of a [`super::SynthSpec`] (the shared
 /// ones, hidden size, heads, experts, top-k, expert intermediate size and
 /// vocabulary, stay in the spec itself).
@@ -155,23 +157,46 @@ impl GlmShape {
                 (n("self_attn.indexer.weights_proj.weight"), vec![ih, h]),
             ]);
         }
-        let mlp = |prefix: &str, i: usize| {
-            [
-                (n(&format!("{prefix}.gate_proj.weight")), vec![i, h]),
-                (n(&format!("{prefix}.up_proj.weight")), vec![i, h]),
-                (n(&format!("{prefix}.down_proj.weight")), vec![h, i]),
-            ]
-        };
-        if l < self.first_dense {
-            out.extend(mlp("mlp", self.dense_intermediate));
-        } else {
-            out.push((n("mlp.gate.weight"), vec![experts, h]));
-            out.push((n("mlp.gate.e_score_correction_bias"), vec![experts]));
-            out.extend(mlp("mlp.shared_experts", inter * self.n_shared_experts));
-            for e in 0..experts {
-                out.extend(mlp(&format!("mlp.experts.{e}"), inter));
-            }
-        }
+        out.extend(deepseek_mlp(
+            l,
+            (h, experts, inter),
+            (self.first_dense, self.dense_intermediate),
+            inter * self.n_shared_experts,
+        ));
         out
     }
+}
+
+/// Layer `l`'s MLP as the DeepSeek-style families name it (GLM-4.x, GLM-5,
+/// DeepSeek-V3.2, GLM-4.7-Flash; unsorted), in a model of hidden size `h`
+/// with `experts` routed experts of intermediate size `inter`: in the
+/// `first_dense` leading layers a dense SwiGLU of `dense_intermediate`
+/// rows, after them the sigmoid router with its correction bias, a shared
+/// SwiGLU of `shared` rows and the routed experts.
+pub(crate) fn deepseek_mlp(
+    l: usize,
+    (h, experts, inter): (usize, usize, usize),
+    (first_dense, dense_intermediate): (usize, usize),
+    shared: usize,
+) -> Vec<SynthTensor> {
+    let n = |rest: &str| format!("model.layers.{l}.{rest}");
+    let mlp = |prefix: &str, i: usize| {
+        [
+            (n(&format!("{prefix}.gate_proj.weight")), vec![i, h]),
+            (n(&format!("{prefix}.up_proj.weight")), vec![i, h]),
+            (n(&format!("{prefix}.down_proj.weight")), vec![h, i]),
+        ]
+    };
+    if l < first_dense {
+        return mlp("mlp", dense_intermediate).to_vec();
+    }
+    let mut out = vec![
+        (n("mlp.gate.weight"), vec![experts, h]),
+        (n("mlp.gate.e_score_correction_bias"), vec![experts]),
+    ];
+    out.extend(mlp("mlp.shared_experts", shared));
+    for e in 0..experts {
+        out.extend(mlp(&format!("mlp.experts.{e}"), inter));
+    }
+    out
 }

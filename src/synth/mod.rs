@@ -17,6 +17,7 @@ mod spec;
 
 pub use decoder::DecoderShape;
 pub use glm::GlmShape;
+pub(crate) use glm::deepseek_mlp;
 pub use measure::{PassResult, decode_pass, parse_replay_ids, replay_pass, stats_delta, synthetic_prompt};
 pub use registered::{Registered, SynthFamily, SynthPreset, SynthTensor, presets};
 pub use rng::{WyRand, splitmix, tensor_seed, uniform};

@@ -270,72 +270,113 @@ impl SynthSpec {
 mod tests {
     use std::path::Path;
 
-    use super::super::glm4_moe::synth::Glm4Shape;
-    use super::super::gpt_oss::synth::GptOssShape;
     use super::*;
+    use crate::convert::InputTensor;
+    use crate::model::moe_decoder::glm4_moe::{self, synth::Glm4Shape};
+    use crate::model::moe_decoder::gpt_oss::{self, synth::GptOssShape};
     use crate::synth::planned_bytes;
 
     /// The config.json `s` writes, read back by its family's own parser.
     fn decoder_config(s: &SynthSpec) -> MoeDecoderConfig {
         let (path, json) = (Path::new("c.json"), s.config_json());
         match s.family.model_type() {
-            "glm4_moe" => super::super::glm4_moe::from_json(path, json),
-            "gpt_oss" => super::super::gpt_oss::from_json(path, json),
+            "glm4_moe" => glm4_moe::from_json(path, json),
+            "gpt_oss" => gpt_oss::from_json(path, json),
             _ => MoeDecoderConfig::from_json(path, json),
         }
         .unwrap()
     }
 
+    /// A Llama-style decoder preset, its tensors, attention and config.json
+    /// as its family's parser reads it back.
+    struct ReadBack {
+        s: SynthSpec,
+        inputs: Vec<InputTensor>,
+        attn: DecoderShape,
+        cfg: MoeDecoderConfig,
+    }
+
+    /// Preset `p`, checked for what every Llama-style decoder preset
+    /// shares: valid, tensors sorted, grouped-query heads of their own
+    /// size, and the engine reading back the sizes that were meant.
+    fn read_back(p: &str) -> ReadBack {
+        let s = SynthSpec::preset(p).unwrap();
+        s.validate().unwrap();
+        let inputs = s.inputs(Path::new("x"));
+        assert!(inputs.windows(2).all(|w| w[0].name < w[1].name), "{p}");
+        let attn = s.family.decoder().unwrap().clone();
+        assert!(s.heads > attn.kv_heads, "{p}: grouped-query attention");
+        assert_eq!(s.head_dim(), attn.head_dim);
+        let cfg = decoder_config(&s);
+        assert_eq!(cfg.model_type, s.family.model_type());
+        assert_eq!(
+            (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers),
+            (s.vocab, s.hidden, s.layers)
+        );
+        assert_eq!(
+            (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
+            (s.heads, attn.kv_heads, attn.head_dim)
+        );
+        assert_eq!(
+            (
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                cfg.moe_intermediate_size
+            ),
+            (s.experts, s.top_k, s.intermediate)
+        );
+        assert_eq!(
+            (cfg.rope_theta, cfg.max_position_embeddings),
+            (s.rope_theta, s.max_position_embeddings)
+        );
+        assert!(cfg.eos_ids().iter().all(|&t| (t as usize) < s.vocab), "{p}");
+        ReadBack { s, inputs, attn, cfg }
+    }
+
+    /// The shape of tensor `name` among preset `p`'s `inputs`.
+    fn shape_of(inputs: &[InputTensor], p: &str, name: &str) -> Vec<usize> {
+        inputs
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{p}: {name}"))
+            .shape
+            .clone()
+    }
+
+    /// The tiny presets are a few hundred KB.
+    fn few_hundred_kb(tiny: [SynthSpec; 2]) {
+        for s in tiny {
+            let kb = planned_bytes(&s) / 1000;
+            assert!((100..1000).contains(&kb), "{kb} KB");
+        }
+    }
+
+    /// --scale keeps the head size and the heads, shrinks the rest.
+    fn scales_keeping_heads(real: [SynthSpec; 2]) {
+        for s in real {
+            let t = s.clone().scaled(0.1).unwrap();
+            t.validate().unwrap();
+            assert_eq!(t.family.decoder(), s.family.decoder());
+            assert_eq!((t.heads, t.head_dim()), (s.heads, s.head_dim()));
+            assert!(t.hidden < s.hidden && t.hidden.is_multiple_of(64));
+            assert!(t.intermediate < s.intermediate && t.vocab < s.vocab);
+        }
+    }
+
     #[test]
     fn decoder_presets_are_valid_and_have_the_real_expert_shape() {
         for p in ["qwen3-30b-a3b", "qwen3-tiny", "mixtral-8x7b", "mixtral-tiny"] {
-            let s = SynthSpec::preset(p).unwrap();
-            s.validate().unwrap();
-            let inputs = s.inputs(Path::new("x"));
-            assert!(inputs.windows(2).all(|w| w[0].name < w[1].name), "{p}");
+            // The engine reads back what was meant.
+            let ReadBack { s, inputs, attn, cfg } = read_back(p);
             let qwen = s.family.model_type() == "qwen3_moe";
-            let attn = s.family.decoder().unwrap().clone();
             // 4 projections, 2 layer norms, the router (+ q/k norms), experts.
             let per_layer = 7 + if qwen { 2 } else { 0 } + 3 * s.experts;
             assert_eq!(inputs.len(), 3 + s.layers * per_layer, "{p}: every tensor once");
-            assert!(s.heads > attn.kv_heads, "{p}: grouped-query attention");
-            assert_eq!(s.head_dim(), attn.head_dim);
-
-            // The engine reads back what was meant.
-            let cfg = MoeDecoderConfig::from_json(Path::new("c.json"), s.config_json()).unwrap();
-            assert_eq!(cfg.model_type, s.family.model_type());
-            assert_eq!(
-                (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers),
-                (s.vocab, s.hidden, s.layers)
-            );
-            assert_eq!(
-                (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
-                (s.heads, attn.kv_heads, attn.head_dim)
-            );
-            assert_eq!(
-                (
-                    cfg.num_experts,
-                    cfg.num_experts_per_tok,
-                    cfg.moe_intermediate_size
-                ),
-                (s.experts, s.top_k, s.intermediate)
-            );
             assert!(cfg.norm_topk_prob && !cfg.tie_word_embeddings, "{p}");
             assert_eq!(cfg.sparse_layers(), vec![true; s.layers], "{p}");
-            assert_eq!(
-                (cfg.rope_theta, cfg.max_position_embeddings),
-                (1e6, s.max_position_embeddings)
-            );
-            assert!(cfg.eos_ids().iter().all(|&t| (t as usize) < s.vocab), "{p}");
+            assert_eq!(cfg.rope_theta, 1e6);
 
-            let find = |name: &str| {
-                inputs
-                    .iter()
-                    .find(|t| t.name == name)
-                    .unwrap_or_else(|| panic!("{p}: {name}"))
-                    .shape
-                    .clone()
-            };
+            let find = |name: &str| shape_of(&inputs, p, name);
             let (q, kv) = (s.heads * attn.head_dim, attn.kv_heads * attn.head_dim);
             assert_eq!(find("model.layers.1.self_attn.q_proj.weight"), vec![q, s.hidden]);
             assert_eq!(find("model.layers.1.self_attn.k_proj.weight"), vec![kv, s.hidden]);
@@ -398,55 +439,15 @@ mod tests {
         assert_eq!(s.config_json()["num_local_experts"], 8);
         let gb = planned_bytes(&s) as f64 / 1e9;
         assert!((46.0..48.0).contains(&gb), "about 47 GB at int8: {gb}");
-        // The tiny ones are a few hundred KB.
-        for s in [SynthSpec::qwen3_tiny(), SynthSpec::mixtral_tiny()] {
-            let kb = planned_bytes(&s) / 1000;
-            assert!((100..1000).contains(&kb), "{kb} KB");
-        }
+        few_hundred_kb([SynthSpec::qwen3_tiny(), SynthSpec::mixtral_tiny()]);
     }
 
     #[test]
     fn glm4_and_gpt_oss_presets_are_valid_and_have_the_real_shapes() {
         for p in ["glm-4.5-air", "glm4-tiny", "gpt-oss-20b", "gpt-oss-tiny"] {
-            let s = SynthSpec::preset(p).unwrap();
-            s.validate().unwrap();
-            let inputs = s.inputs(Path::new("x"));
-            assert!(inputs.windows(2).all(|w| w[0].name < w[1].name), "{p}");
-            let attn = s.family.decoder().unwrap().clone();
-            assert!(s.heads > attn.kv_heads, "{p}: grouped-query attention");
-            assert_eq!(s.head_dim(), attn.head_dim);
-            let cfg = decoder_config(&s);
-            assert_eq!(cfg.model_type, s.family.model_type());
-            assert_eq!(
-                (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers),
-                (s.vocab, s.hidden, s.layers)
-            );
-            assert_eq!(
-                (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
-                (s.heads, attn.kv_heads, attn.head_dim)
-            );
-            assert_eq!(
-                (
-                    cfg.num_experts,
-                    cfg.num_experts_per_tok,
-                    cfg.moe_intermediate_size
-                ),
-                (s.experts, s.top_k, s.intermediate)
-            );
-            assert_eq!(
-                (cfg.rope_theta, cfg.max_position_embeddings),
-                (s.rope_theta, s.max_position_embeddings)
-            );
-            assert!(cfg.eos_ids().iter().all(|&t| (t as usize) < s.vocab), "{p}");
+            let ReadBack { s, inputs, attn, cfg } = read_back(p);
             assert!(cfg.qkv_bias && !cfg.tie_word_embeddings, "{p}");
-            let find = |name: &str| {
-                inputs
-                    .iter()
-                    .find(|t| t.name == name)
-                    .unwrap_or_else(|| panic!("{p}: {name}"))
-                    .shape
-                    .clone()
-            };
+            let find = |name: &str| shape_of(&inputs, p, name);
             let (h, i, ne) = (s.hidden, s.intermediate, s.experts);
             let (q, kv) = (s.heads * attn.head_dim, attn.kv_heads * attn.head_dim);
             let l = s.layers - 1;
@@ -568,10 +569,7 @@ mod tests {
         assert_eq!(s.rope_theta, 150_000.0);
         let gb = planned_bytes(&s) as f64 / 1e9;
         assert!((20.0..22.0).contains(&gb), "about 21 GB at int8: {gb}");
-        for s in [SynthSpec::glm4_tiny(), SynthSpec::gpt_oss_tiny()] {
-            let kb = planned_bytes(&s) / 1000;
-            assert!((100..1000).contains(&kb), "{kb} KB");
-        }
+        few_hundred_kb([SynthSpec::glm4_tiny(), SynthSpec::gpt_oss_tiny()]);
 
         // What the loader would refuse is refused first; the options the
         // presets leave off still give a valid model.
@@ -594,13 +592,7 @@ mod tests {
         s.layers = 3;
         s.validate().unwrap();
         assert_eq!(decoder_config(&s).sliding_layers, vec![true, false, true]);
-        for s in [SynthSpec::glm45_air(), SynthSpec::gpt_oss_20b()] {
-            let t = s.clone().scaled(0.1).unwrap();
-            t.validate().unwrap();
-            assert_eq!(t.family.decoder(), s.family.decoder());
-            assert!(t.hidden < s.hidden && t.hidden.is_multiple_of(64));
-            assert!(t.intermediate < s.intermediate && t.vocab < s.vocab);
-        }
+        scales_keeping_heads([SynthSpec::glm45_air(), SynthSpec::gpt_oss_20b()]);
         let t = SynthSpec::glm45_air().scaled(0.5).unwrap();
         assert_eq!(t.config_json()["intermediate_size"], 5472);
         SynthSpec::glm4_tiny().scaled(0.01).unwrap().validate().unwrap();
@@ -649,15 +641,7 @@ mod tests {
         s.dense_format = QFormat::Int4;
         assert!(s.validate().is_err());
 
-        // --scale keeps the head size and the heads, shrinks the rest.
-        for s in [SynthSpec::qwen3_30b_a3b(), SynthSpec::mixtral_8x7b()] {
-            let t = s.clone().scaled(0.1).unwrap();
-            t.validate().unwrap();
-            assert_eq!(t.family.decoder(), s.family.decoder());
-            assert_eq!((t.heads, t.head_dim()), (s.heads, s.head_dim()));
-            assert!(t.hidden < s.hidden && t.hidden.is_multiple_of(64));
-            assert!(t.intermediate < s.intermediate && t.vocab < s.vocab);
-        }
+        scales_keeping_heads([SynthSpec::qwen3_30b_a3b(), SynthSpec::mixtral_8x7b()]);
         let t = SynthSpec::qwen3_30b_a3b().scaled(0.5).unwrap();
         assert_eq!((t.hidden, t.intermediate, t.vocab), (1024, 384, 75968));
         assert_eq!(t.config_json()["intermediate_size"], 3072);

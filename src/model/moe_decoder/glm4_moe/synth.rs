@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::quant::QFormat;
-use crate::synth::{DecoderShape, Registered, SpecError, SynthFamily, SynthSpec, SynthTensor};
+use crate::synth::{DecoderShape, Registered, SpecError, SynthFamily, SynthSpec, SynthTensor, deepseek_mlp};
 
 /// The sizes of a GLM-4.x MoE [`SynthSpec`] beyond the spec's own (whose
 /// `intermediate` is the routed experts' `moe_intermediate_size`).
@@ -125,29 +125,17 @@ impl SynthFamily for Glm4Shape {
     /// sigmoid router with its correction bias, the shared expert and the
     /// routed ones.
     fn layer_tensors(&self, s: &SynthSpec, l: usize) -> Vec<SynthTensor> {
-        let (h, heads, experts, inter) = (s.hidden, s.heads, s.experts, s.intermediate);
-        let n = |rest: &str| format!("model.layers.{l}.{rest}");
-        let mut out = self.attn.attention(l, h, heads, true, false);
+        let (h, experts, inter) = (s.hidden, s.experts, s.intermediate);
+        let mut out = self.attn.attention(l, h, s.heads, true, false);
         if self.qk_norm {
             out.extend(self.attn.qk_norms(l));
         }
-        let mlp = |prefix: &str, i: usize| {
-            [
-                (n(&format!("{prefix}.gate_proj.weight")), vec![i, h]),
-                (n(&format!("{prefix}.up_proj.weight")), vec![i, h]),
-                (n(&format!("{prefix}.down_proj.weight")), vec![h, i]),
-            ]
-        };
-        if l < self.first_dense {
-            out.extend(mlp("mlp", self.dense_intermediate));
-        } else {
-            out.push((n("mlp.gate.weight"), vec![experts, h]));
-            out.push((n("mlp.gate.e_score_correction_bias"), vec![experts]));
-            out.extend(mlp("mlp.shared_experts", inter * self.n_shared_experts));
-            for e in 0..experts {
-                out.extend(mlp(&format!("mlp.experts.{e}"), inter));
-            }
-        }
+        out.extend(deepseek_mlp(
+            l,
+            (h, experts, inter),
+            (self.first_dense, self.dense_intermediate),
+            inter * self.n_shared_experts,
+        ));
         out
     }
 
