@@ -5,7 +5,7 @@
 //! own tensors) and lists its presets in its registration
 //! ([`crate::model::family::Family::synth_presets`]), so `coli synth
 //! --preset` finds every shape through the one registry and the shared
-//! spec never names a family.
+//! spec never matches on a family.
 
 use std::fmt;
 use std::ops::Deref;
