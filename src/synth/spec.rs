@@ -90,18 +90,20 @@ impl SynthSpec {
     /// the sizes every family needs, then the family's own checks.
     pub fn validate(&self) -> Result<(), SpecError> {
         let bad = |s: String| Err(SpecError::Invalid(s));
-        if [
-            self.vocab,
-            self.hidden,
-            self.layers,
-            self.heads,
-            self.experts,
-            self.top_k,
-            self.intermediate,
-        ]
-        .contains(&0)
-        {
-            return bad(format!("every size must be non-zero: {self:?}"));
+        let sizes = [
+            ("vocabulary", self.vocab),
+            ("hidden size", self.hidden),
+            ("layers", self.layers),
+            ("attention heads", self.heads),
+            ("experts", self.experts),
+            ("top-k", self.top_k),
+            ("expert intermediate size", self.intermediate),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return bad(format!(
+                "{name} must be non-zero ({} shape)",
+                self.family.0.name()
+            ));
         }
         if self.top_k > self.experts {
             return bad(format!("top-k {} exceeds {} experts", self.top_k, self.experts));
