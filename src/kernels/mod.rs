@@ -51,6 +51,8 @@ pub enum RowRef<'a> {
 
 impl<'a> RowRef<'a> {
     /// A packed row's format, columns, bytes and scales; `None` for f32.
+    /// (Only the x86 kernels take a row apart this way.)
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn packed(&self) -> Option<(QFormat, usize, &'a [u8], &'a [f32])> {
         match *self {
             RowRef::F32(_) => None,
