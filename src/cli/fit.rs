@@ -92,9 +92,15 @@ fn sizes(ck: &Checkpoint, shape: &ModelShape) -> anyhow::Result<Sizes> {
 /// Whether `ctx` positions for each of `slots` fit `budget` after the dense
 /// weights, the working set and the least expert cache (the engine's test
 /// under `--ram-gb`, the prompt cache off).
-fn fits_with(sz: &Sizes, per_position: u64, slots: usize, budget: u64) -> impl Fn(usize) -> bool {
+fn fits_with<'a>(
+    sz: &Sizes,
+    shape: &'a ModelShape,
+    kv: crate::model::kv_cache::KvTypes,
+    slots: usize,
+    budget: u64,
+) -> impl Fn(usize) -> bool + 'a {
     let fixed = sz.dense_bytes + WORKING_SET_BYTES + sz.least_expert_bytes;
-    move |ctx| fixed + per_position * ctx as u64 * slots.max(1) as u64 <= budget
+    move |ctx| fixed + shape.state_bytes(kv, ctx, slots) <= budget
 }
 
 /// The context the engine would size the KV cache for: `requested` if it
@@ -109,9 +115,8 @@ pub fn context_for(
     kv: crate::model::kv_cache::KvTypes,
 ) -> anyhow::Result<ContextChoice> {
     let sz = sizes(ck, shape)?;
-    let per_position = shape.kv_bytes_per_position(kv);
-    let fits = fits_with(&sz, per_position, slots, budget);
-    let kv_bytes = |ctx: usize| per_position * ctx as u64 * slots.max(1) as u64;
+    let fits = fits_with(&sz, shape, kv, slots, budget);
+    let kv_bytes = |ctx: usize| shape.state_bytes(kv, ctx, slots);
     let b = ContextBudget {
         room: budget.saturating_sub(sz.dense_bytes + WORKING_SET_BYTES + sz.least_expert_bytes),
         fits: &fits,
@@ -137,7 +142,7 @@ pub fn longest_context(
     kv: crate::model::kv_cache::KvTypes,
 ) -> anyhow::Result<usize> {
     let sz = sizes(ck, shape)?;
-    let fits = fits_with(&sz, shape.kv_bytes_per_position(kv), slots, budget);
+    let fits = fits_with(&sz, shape, kv, slots, budget);
     Ok(longest_fitting(shape.position_limit(), &fits))
 }
 
@@ -162,7 +167,7 @@ pub fn fit(
         ..
     } = sizes(ck, shape)?;
     let ctx = ctx.max(1);
-    let kv_bytes = shape.kv_bytes_per_position(kv) * ctx as u64 * kv_slots.max(1) as u64;
+    let kv_bytes = shape.state_bytes(kv, ctx, kv_slots);
     let mut cache_bytes = expert_cache_bytes(budget, dense_bytes, kv_bytes);
     let mapped = expert_bytes <= cache_bytes;
     if !mapped {

@@ -106,6 +106,8 @@ pub fn least_expert_cache_bytes(
 #[derive(Clone, Copy, Debug)]
 pub struct KvSizing {
     pub per_position: u64,
+    /// A sequence's state besides its positions (recurrent layers).
+    pub per_sequence: u64,
     pub request: context::ContextRequest,
 }
 
@@ -227,7 +229,8 @@ impl SourceFactory<'_> {
             },
         };
         let least = least_expert_cache_bytes(&map, o.placement, o.io_workers, top_k);
-        let kv_at = |ctx: usize| kv.per_position * ctx as u64 * kv.request.slots.max(1) as u64;
+        let kv_at =
+            |ctx: usize| (kv.per_position * ctx as u64 + kv.per_sequence) * kv.request.slots.max(1) as u64;
         let fits = |ctx: usize| {
             total.is_some_and(|t| {
                 let k = kv_at(ctx);
@@ -371,6 +374,7 @@ fn load_family(
     let factory = SourceFactory { opts };
     let kv = KvSizing {
         per_position: config.kv_bytes_per_position(opts.kv_types),
+        per_sequence: config.sequence_state_bytes(),
         request: context::ContextRequest {
             requested: opts.max_ctx,
             declared: config.max_positions(),

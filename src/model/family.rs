@@ -86,6 +86,13 @@ pub(crate) trait FamilyConfig: Send + Sync + std::fmt::Debug {
     /// plain KV cache may ignore it).
     fn kv_bytes_per_position(&self, kv: KvTypes) -> u64;
 
+    /// Bytes one sequence's state takes whatever its length: a recurrent
+    /// layer's fixed-size state, with the copies of it a sequence keeps to
+    /// go back to (0 for a state that is one record per position).
+    fn sequence_state_bytes(&self) -> u64 {
+        0
+    }
+
     /// Positions the model was configured for (`max_position_embeddings`):
     /// the default context.
     fn max_positions(&self) -> usize;
@@ -249,6 +256,12 @@ impl ModelConfig {
     /// (in the key type).
     pub fn kv_bytes_per_position(&self, kv: KvTypes) -> u64 {
         self.config.kv_bytes_per_position(kv)
+    }
+
+    /// Bytes of one sequence's state besides its positions
+    /// ([`FamilyConfig::sequence_state_bytes`]).
+    pub fn sequence_state_bytes(&self) -> u64 {
+        self.config.sequence_state_bytes()
     }
 
     /// Positions the model was configured for (`max_position_embeddings`).

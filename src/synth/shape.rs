@@ -76,6 +76,14 @@ impl ModelShape {
         self.family.kv_bytes_per_position(kv)
     }
 
+    /// Bytes of `slots` sequences' state at `ctx` positions each: the KV
+    /// cache and, for a model with recurrent layers, their fixed-size
+    /// state (what the memory plan reserves per conversation).
+    pub fn state_bytes(&self, kv: crate::model::kv_cache::KvTypes, ctx: usize, slots: usize) -> u64 {
+        (self.kv_bytes_per_position(kv) * ctx as u64 + self.family.sequence_state_bytes())
+            * slots.max(1) as u64
+    }
+
     /// Positions the model supports.
     pub fn max_positions(&self) -> usize {
         self.family.max_positions()

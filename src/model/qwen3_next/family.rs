@@ -2,6 +2,7 @@
 //! size (full-attention layers only), loader, convert rules, chat format
 //! and fuzz invariants.
 
+use super::state::{CHECKPOINTS, KEPT};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -97,6 +98,13 @@ impl FamilyConfig for Qwen3NextConfig {
             self.full_layers().len(),
             self.base.num_key_value_heads * self.base.head_dim,
         )
+    }
+
+    /// Each linear layer's state (f32), held once and in up to
+    /// [`CHECKPOINTS`] + [`KEPT`] copies to go back to.
+    fn sequence_state_bytes(&self) -> u64 {
+        let copies = 1 + CHECKPOINTS + KEPT;
+        4 * (self.linear_layers() * self.linear.state_values() * copies) as u64
     }
 
     fn max_positions(&self) -> usize {

@@ -31,8 +31,11 @@ use crate::model::lm::SequenceState;
 /// count is small; four cover a turn's two positions and the previous turn's.
 pub const CHECKPOINTS: usize = 4;
 
-/// Copies kept at asked-for branch points, besides [`CHECKPOINTS`].
-pub const KEPT: usize = 4;
+/// Copies kept at asked-for branch points, besides [`CHECKPOINTS`]: a
+/// conversation usually branches from others once (where its system
+/// prompt and tools end), and each copy costs as much as the rest
+/// (Qwen3.6-35B-A3B: 66 MB).
+pub const KEPT: usize = 2;
 
 /// One linear-attention layer's recurrent state.
 #[derive(Clone, Debug, PartialEq)]
@@ -485,5 +488,18 @@ mod tests {
         assert_eq!(copy_prefix(&from, &mut other, 50), 0);
         assert!(!other.restore_snapshot(&from.snapshot(50).unwrap()));
         assert!(other.is_empty());
+    }
+
+    #[test]
+    fn a_state_never_holds_more_copies_than_the_memory_plan_counts() {
+        // The plan reserves 1 + CHECKPOINTS + KEPT copies of the linear
+        // layers' state per sequence (`sequence_state_bytes`).
+        let mut st = HybridState::new(KvCache::new(1, 4), 1, &shape());
+        for i in 0..40 {
+            st.keep_checkpoint(st.len() + 1 + i % 3);
+            run(&mut st, 1 + i % 3);
+            assert!(st.checkpoint_positions().len() <= CHECKPOINTS + KEPT);
+        }
+        assert_eq!(st.checkpoint_positions().len(), CHECKPOINTS + KEPT);
     }
 }
