@@ -793,6 +793,12 @@ proptest! {
         while !text.is_char_boundary(end) {
             end -= 1;
         }
+        // A cut right after a whole `</invoke>` leaves whole calls whose
+        // block only lacks its closing tag, which are read as calls; step
+        // back into that tag so the cut falls inside a call.
+        while text[..end].trim_end().ends_with("</invoke>") {
+            end = text[..end].trim_end().len() - 1;
+        }
         // One character of one tag left out.
         let tags = minimax_tags(&text, &block);
         let (tag_at, tag_len) = tags[tag.index(tags.len())];
