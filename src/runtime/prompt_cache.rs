@@ -234,16 +234,18 @@ impl PromptCache {
         true
     }
 
-    /// Stores `snapshot` (taken after the last position of block `id`) in
-    /// it when it has none and the budget allows; the block's path is
-    /// already marked with the current tick.
-    fn attach_snapshot(&mut self, id: NodeId, snapshot: Option<Vec<u8>>) {
-        let Some(snap) = snapshot.filter(|s| s.len() == self.snapshot_bytes) else {
-            return;
-        };
-        if !self.node(id).snapshot.is_empty() || !self.make_room(snap.len() as u64) {
+    /// Stores the snapshot `take` gives (the state after the last position
+    /// of block `id`) in it when it has none and the budget allows; the
+    /// block's path is already marked with the current tick. The snapshot
+    /// is taken only once there is room for it: it is the size of the whole
+    /// recurrent state.
+    fn attach_snapshot(&mut self, id: NodeId, take: impl FnOnce() -> Option<Vec<u8>>) {
+        if !self.node(id).snapshot.is_empty() || !self.make_room(self.snapshot_bytes as u64) {
             return;
         }
+        let Some(snap) = take().filter(|s| s.len() == self.snapshot_bytes) else {
+            return;
+        };
         self.used += snap.len() as u64;
         self.node_mut(id).snapshot = snap;
     }
@@ -278,10 +280,7 @@ impl PromptCache {
             end = snaps.iter().copied().filter(|&p| p <= end).max().unwrap_or(0);
         }
         let tokens = &tokens[..end];
-        let snapshot_at = |end: usize| match snaps.contains(&end) {
-            true => state.snapshot(end),
-            false => None,
-        };
+        let snapshot_at = |end: usize| snaps.contains(&end).then(|| move || state.snapshot(end));
         let mut path = Vec::new();
         let (mut parent, mut pos, mut copied) = (ROOT, 0, 0);
         // Set once the path carries the current tick, which protects it
@@ -302,13 +301,13 @@ impl PromptCache {
                 if self.node(same).tokens.len() != chunk.len() {
                     break;
                 }
-                if self.recurrent() && self.node(same).snapshot.is_empty() {
-                    let snap = snapshot_at(pos + chunk.len());
-                    if snap.is_some() {
-                        self.touch(&path);
-                        touched = true;
-                        self.attach_snapshot(same, snap);
-                    }
+                if self.recurrent()
+                    && self.node(same).snapshot.is_empty()
+                    && let Some(take) = snapshot_at(pos + chunk.len())
+                {
+                    self.touch(&path);
+                    touched = true;
+                    self.attach_snapshot(same, take);
                 }
                 parent = same;
                 pos += chunk.len();
@@ -364,8 +363,8 @@ impl PromptCache {
             copied += chunk.len();
             pos += chunk.len();
             parent = id;
-            if self.recurrent() {
-                self.attach_snapshot(id, snapshot_at(pos));
+            if let Some(take) = snapshot_at(pos) {
+                self.attach_snapshot(id, take);
             }
         }
         if !touched {
