@@ -280,7 +280,7 @@ impl PromptCache {
             end = snaps.iter().copied().filter(|&p| p <= end).max().unwrap_or(0);
         }
         let tokens = &tokens[..end];
-        let snapshot_at = |end: usize| snaps.contains(&end).then(|| move || state.snapshot(end));
+        let snapshot_at = |end: usize| snaps.contains(&end).then_some(move || state.snapshot(end));
         let mut path = Vec::new();
         let (mut parent, mut pos, mut copied) = (ROOT, 0, 0);
         // Set once the path carries the current tick, which protects it
