@@ -58,6 +58,8 @@ fn gguf_dir() -> PathBuf {
 }
 
 struct Ref {
+    /// The directory the files are in.
+    dir: PathBuf,
     prompt: Vec<u32>,
     full: Vec<u32>,
     files: Vec<(String, Value)>,
@@ -79,8 +81,9 @@ fn floats(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-fn reference() -> Ref {
-    let text = std::fs::read_to_string(gguf_dir().join("REF.json")).expect("fixtures/gguf/REF.json");
+fn read_ref(dir: PathBuf, at_least: usize) -> Ref {
+    let path = dir.join("REF.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let v: Value = serde_json::from_str(&text).expect("REF.json is JSON");
     let files = v["files"]
         .as_object()
@@ -88,12 +91,32 @@ fn reference() -> Ref {
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect::<Vec<_>>();
-    assert!(files.len() >= 6, "expected the committed GGUF fixtures");
+    assert!(
+        files.len() >= at_least,
+        "expected the committed GGUF fixtures in {}",
+        dir.display()
+    );
     Ref {
+        dir,
         prompt: ids(&v["prompt_ids"]),
         full: ids(&v["full_ids"]),
         files,
     }
+}
+
+/// The OLMoE files (fixtures/gguf, tools/make_gguf_ref.py).
+fn reference() -> Ref {
+    read_ref(gguf_dir(), 6)
+}
+
+/// The other families' files (fixtures/gguf/families,
+/// tools/make_gguf_family_fixtures.py): Qwen3-MoE and GLM-4.x MoE.
+fn family_reference() -> Ref {
+    read_ref(gguf_dir().join("families"), 6)
+}
+
+fn every_reference() -> [Ref; 2] {
+    [reference(), family_reference()]
 }
 
 /// llama.cpp's reference setting: F32 KV cache.
@@ -145,9 +168,14 @@ fn load(path: &Path, opts: &EngineOptions) -> Engine {
 
 #[test]
 fn teacher_forcing_matches_llama_cpp_on_every_gguf_fixture() {
-    let r = reference();
+    for r in every_reference() {
+        teacher_forcing_matches(&r);
+    }
+}
+
+fn teacher_forcing_matches(r: &Ref) {
     for (name, f) in &r.files {
-        let mut engine = load(&gguf_dir().join(name), &exact());
+        let mut engine = load(&r.dir.join(name), &exact());
         let vocab = engine.model.vocab_size();
         let n = r.full.len();
         let logits = all_logits(&mut engine, &r.full);
@@ -182,9 +210,14 @@ fn teacher_forcing_matches_llama_cpp_on_every_gguf_fixture() {
 
 #[test]
 fn greedy_decoding_matches_llama_cpp_on_every_gguf_fixture() {
-    let r = reference();
+    for r in every_reference() {
+        greedy_matches(&r);
+    }
+}
+
+fn greedy_matches(r: &Ref) {
     for (name, f) in &r.files {
-        let mut engine = load(&gguf_dir().join(name), &exact());
+        let mut engine = load(&r.dir.join(name), &exact());
         let want = ids(&f["greedy"]);
         let margin = floats(&f["greedy_margin"]);
         let got = greedy(&mut engine, &r.prompt, want.len());
@@ -217,14 +250,19 @@ fn the_f32_gguf_is_the_checkpoint_it_was_converted_from() {
 /// the mapped run; a split model gives the tokens of the single file.
 #[test]
 fn streamed_and_split_ggufs_give_the_mapped_tokens() {
-    let r = reference();
-    for name in ["olmoe-tiny-q8_0.gguf", "olmoe-tiny256-q4_k_m.gguf"] {
-        let path = gguf_dir().join(name);
+    let (r, f) = (reference(), family_reference());
+    for (refs, name) in [
+        (&r, "olmoe-tiny-q8_0.gguf"),
+        (&r, "olmoe-tiny256-q4_k_m.gguf"),
+        (&f, "qwen3moe-tiny-q4_0.gguf"),
+        (&f, "glm4moe-tiny-q8_0.gguf"),
+    ] {
+        let path = refs.dir.join(name);
         let mapped = EngineOptions {
             placement: Placement::Mapped,
             ..exact()
         };
-        let want = greedy(&mut load(&path, &mapped), &r.prompt, 16);
+        let want = greedy(&mut load(&path, &mapped), &refs.prompt, 16);
         let streamed = EngineOptions {
             placement: Placement::Streamed,
             cache_cap: Some(1),
@@ -233,7 +271,7 @@ fn streamed_and_split_ggufs_give_the_mapped_tokens() {
             ..exact()
         };
         let mut engine = load(&path, &streamed);
-        assert_eq!(greedy(&mut engine, &r.prompt, 16), want, "{name} streamed");
+        assert_eq!(greedy(&mut engine, &refs.prompt, 16), want, "{name} streamed");
         assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
     }
     let single = greedy(
@@ -410,4 +448,97 @@ fn plan_and_doctor_read_a_gguf() {
         assert!(out.status.success(), "coli {args:?}: {text}");
         assert!(!text.contains("PROBLEM"), "coli {args:?}: {text}");
     }
+}
+
+/// `src` rewritten with its metadata edited (`edit` returns the value a
+/// key gets, `None` drops it; `extra` keys are set) and only the tensors
+/// `keep` keeps.
+fn with_metadata(
+    src: &Path,
+    dir: &Path,
+    edit: impl Fn(&str, &colibri::gguf::Value) -> Option<colibri::gguf::Value>,
+    extra: &[(&str, colibri::gguf::Value)],
+    keep: impl Fn(&str) -> bool,
+) -> PathBuf {
+    let model = GgufModel::open(src).unwrap();
+    let mut img = GgufImage::new();
+    for (k, v) in model.metadata().iter() {
+        if extra.iter().any(|(e, _)| *e == k) {
+            continue;
+        }
+        if let Some(v) = edit(k, v) {
+            img.kv(k, v);
+        }
+    }
+    for (k, v) in extra {
+        img.kv(k, v.clone());
+    }
+    for loc in model.tensors().filter(|t| keep(&t.info.name)) {
+        let bytes = model.tensor_bytes(&loc.info.name).unwrap().to_vec();
+        img.tensor(&loc.info.name, &loc.info.dims, loc.info.ggml_type, &bytes);
+    }
+    let path = dir.join("edited.gguf");
+    std::fs::write(&path, img.to_bytes()).unwrap();
+    path
+}
+
+/// Metadata a family's mapping cannot honour is refused naming the key,
+/// and a next-token layer the file declares but does not hold is left out.
+#[test]
+fn family_metadata_colibri_cannot_honour_is_refused_by_key() {
+    use colibri::gguf::Value as V;
+    let tmp = tempfile::tempdir().unwrap();
+    let f = family_reference();
+    let same = |_: &str, v: &V| Some(v.clone());
+    let all = |_: &str| true;
+    let refuse = |src: &str, extra: &[(&str, V)], key: &str, what: &str| {
+        let path = with_metadata(&f.dir.join(src), tmp.path(), same, extra, all);
+        let e = Engine::load(&path, &exact()).err().expect("refused").to_string();
+        assert!(e.contains(key) && e.contains(what), "{e}");
+    };
+    refuse(
+        "qwen3moe-tiny-q8_0.gguf",
+        &[("qwen3moe.expert_weights_scale", V::F32(2.5))],
+        "qwen3moe.expert_weights_scale",
+        "2.5",
+    );
+    refuse(
+        "glm4moe-tiny-q8_0.gguf",
+        &[("glm4moe.expert_gating_func", V::U32(1))],
+        "glm4moe.expert_gating_func",
+        "sigmoid",
+    );
+    refuse(
+        "qwen3moe-tiny-q8_0.gguf",
+        &[("qwen3moe.rope.scaling.type", V::String("longrope".into()))],
+        "qwen3moe.rope.scaling.type",
+        "longrope",
+    );
+    let glm = f.dir.join("glm4moe-tiny-q8_0.gguf");
+    let nine = |k: &str, v: &V| {
+        Some(if k == "glm4moe.nextn_predict_layers" {
+            V::U32(9)
+        } else {
+            v.clone()
+        })
+    };
+    let path = with_metadata(&glm, tmp.path(), nine, &[], all);
+    let e = Engine::load(&path, &exact()).err().expect("refused").to_string();
+    assert!(
+        e.contains("glm4moe.nextn_predict_layers") && e.contains("9"),
+        "{e}"
+    );
+
+    // Converted without its next-token layer, but still declaring it: the
+    // main model, the same tokens.
+    let want = greedy(&mut load(&glm, &exact()), &f.prompt, 8);
+    let trunk = with_metadata(&glm, tmp.path(), same, &[], |n| !n.starts_with("blk.3."));
+    assert_eq!(greedy(&mut load(&trunk, &exact()), &f.prompt, 8), want);
+    // Only the next-token layer: refused, saying so.
+    let mtp_only = with_metadata(&glm, tmp.path(), same, &[], |n| !n.starts_with("blk.0."));
+    let e = Engine::load(&mtp_only, &exact())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("next-token"), "{e}");
 }

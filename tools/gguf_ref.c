@@ -27,7 +27,8 @@
  *   tf_router_gap at every position of the teacher-forced pass, the
  *                 smallest gap over the layers between the k-th and the
  *                 (k+1)-th router logit (ffn_moe_logits-L, read through the
- *                 scheduler's eval callback): the expert choice's margin
+ *                 scheduler's eval callback; also ffn_moe_probs_biased-L
+ *                 where a selection bias exists): the expert choice's margin
  *   min_router_gap_greedy  the same minimum over every greedy decode call
  * plus the settings used. Floats are printed with 9 significant digits
  * (enough to round-trip an f32).
@@ -63,8 +64,11 @@ static int router_on = 1;
 
 static bool router_cb(struct ggml_tensor *t, bool ask, void *ud) {
     (void)ud;
-    const char *p = "ffn_moe_logits-";
-    if (strncmp(t->name, p, strlen(p)) != 0) return !ask;
+    /* the raw router logits, and, where the family adds a selection bias
+     * (GLM-4.x, DeepSeek), the biased scores the choice is made on; the
+     * smaller of the two gaps is kept */
+    const char *p = "ffn_moe_logits-", *pb = "ffn_moe_probs_biased-";
+    if (strncmp(t->name, p, strlen(p)) != 0 && strncmp(t->name, pb, strlen(pb)) != 0) return !ask;
     if (ask) return true;
     const int ne = (int)t->ne[0], nt = (int)t->ne[1], k = router.k;
     if (t->type != GGML_TYPE_F32 || k < 1 || k >= ne || nt > N_CTX) return true;

@@ -12,17 +12,17 @@ use std::path::{Path, PathBuf};
 use colibri_actors::FileId;
 use safetensors::Dtype;
 
-use super::names::{Renamed, rename};
+use super::names::{GgufNaming, Renamed, rename};
 use super::{GgmlType, GgufError, GgufModel, TensorInfo, expert_slice, stacked_experts};
-use crate::model::expert::ExpertNaming;
 use crate::st::{Checkpoint, TensorMeta};
 
 /// Metadata key of the view naming the architecture it was read as.
 pub const ARCHITECTURE_KEY: &str = "gguf.architecture";
 
-/// The checkpoint view of `model`, whose family names its experts as
-/// `experts` says.
-pub fn checkpoint(model: &GgufModel, experts: ExpertNaming) -> Result<Checkpoint, GgufError> {
+/// The checkpoint view of `model`, whose family names its tensors as
+/// `naming` says.
+pub fn checkpoint(model: &GgufModel, naming: GgufNaming) -> Result<Checkpoint, GgufError> {
+    let experts = naming.experts;
     let files: Vec<PathBuf> = model.shards().iter().map(|s| s.path().to_path_buf()).collect();
     let first = files.first().cloned().unwrap_or_default();
     let in_file = |e: GgufError| e.in_file(&first);
@@ -40,7 +40,7 @@ pub fn checkpoint(model: &GgufModel, experts: ExpertNaming) -> Result<Checkpoint
         let info = loc.info;
         let file = FileId::try_from(loc.shard)
             .map_err(|_| in_file(GgufError::tensor(&info.name, "too many shards")))?;
-        let renamed = rename(&info.name, experts);
+        let renamed = rename(&info.name, naming);
         if renamed != Renamed::Unknown {
             computable(info).map_err(in_file)?;
         }

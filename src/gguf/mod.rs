@@ -18,6 +18,7 @@ mod error;
 pub mod experts;
 mod file;
 mod header;
+pub mod hparams;
 mod metadata;
 pub mod names;
 pub mod split;

@@ -4,7 +4,9 @@
 //! `model.layers.N.self_attn.q_proj.weight` in every architecture), so the
 //! common part is shared; what differs between families (where the routed
 //! experts and the router live) comes from the family's
-//! [`ExpertNaming`].
+//! [`ExpertNaming`], and the per-layer tensors only one family has (GLM's
+//! shared experts, post-attention norm and next-token layer) from the
+//! table its GGUF mapping passes.
 
 use crate::model::expert::ExpertNaming;
 
@@ -47,9 +49,26 @@ pub enum Renamed {
     Unknown,
 }
 
-/// The role of GGUF tensor `name` in a model whose experts are named by
-/// `experts`.
-pub fn rename(name: &str, experts: ExpertNaming) -> Renamed {
+/// What a family's GGUF mapping tells [`rename`]: where its experts and
+/// router live, and its own per-layer tensors (llama.cpp suffix after
+/// `blk.N.` → Hugging Face suffix after `model.layers.N.`), which take
+/// precedence over the shared table.
+#[derive(Clone, Copy, Debug)]
+pub struct GgufNaming {
+    pub experts: ExpertNaming,
+    pub layer: &'static [(&'static str, &'static str)],
+}
+
+impl GgufNaming {
+    /// Only the shared names.
+    pub const fn plain(experts: ExpertNaming) -> Self {
+        Self { experts, layer: &[] }
+    }
+}
+
+/// The role of GGUF tensor `name` in a model named as `naming` says.
+pub fn rename(name: &str, naming: GgufNaming) -> Renamed {
+    let experts = naming.experts;
     if let Some((_, hf)) = GLOBAL.iter().find(|(g, _)| *g == name) {
         return Renamed::Tensor((*hf).to_string());
     }
@@ -60,7 +79,7 @@ pub fn rename(name: &str, experts: ExpertNaming) -> Renamed {
     else {
         return Renamed::Unknown;
     };
-    if let Some((_, hf)) = LAYER.iter().find(|(g, _)| *g == rest) {
+    if let Some((_, hf)) = naming.layer.iter().chain(LAYER).find(|(g, _)| *g == rest) {
         return Renamed::Tensor(format!("model.layers.{layer}.{hf}"));
     }
     match rest {
@@ -78,7 +97,7 @@ mod tests {
 
     #[test]
     fn maps_the_llama_cpp_names() {
-        let n = |s| rename(s, ExpertNaming::MLP);
+        let n = |s| rename(s, GgufNaming::plain(ExpertNaming::MLP));
         assert_eq!(
             n("blk.3.attn_q.weight"),
             Renamed::Tensor("model.layers.3.self_attn.q_proj.weight".into())
@@ -95,8 +114,20 @@ mod tests {
         assert_eq!(n("rope_freqs.weight"), Renamed::Unknown);
         assert_eq!(n("blk.x.attn_q.weight"), Renamed::Unknown);
         assert_eq!(
-            rename("blk.1.ffn_gate_inp.weight", ExpertNaming::BLOCK_SPARSE),
+            rename(
+                "blk.1.ffn_gate_inp.weight",
+                GgufNaming::plain(ExpertNaming::BLOCK_SPARSE)
+            ),
             Renamed::Tensor("model.layers.1.block_sparse_moe.gate.weight".into())
+        );
+        let own = GgufNaming {
+            experts: ExpertNaming::MLP,
+            layer: &[("ffn_norm.weight", "other_norm.weight")],
+        };
+        assert_eq!(
+            rename("blk.2.ffn_norm.weight", own),
+            Renamed::Tensor("model.layers.2.other_norm.weight".into()),
+            "a family's own names come first"
         );
     }
 }

@@ -17,8 +17,11 @@ use crate::chat_template::ChatFormat;
 use crate::config::ConfigError;
 use crate::convert::plan::{FusedLayout, keeps_f32};
 use crate::convert::{ConvertError, ModelSpec};
+use crate::gguf::names::GgufNaming;
+use crate::gguf::{GgufError, GgufModel};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
+use crate::model::expert::ExpertNaming;
 use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
 use crate::model::kv_cache::KvTypes;
 use crate::model::olmoe::LoadOptions;
@@ -85,6 +88,18 @@ impl Family for Qwen3Mixtral {
             "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}, "eos_token_id": 2
         });
         vec![qwen, mixtral, qwen_v5]
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[super::gguf::QWEN3MOE]
+    }
+
+    fn gguf_config(&self, model: &GgufModel) -> Result<serde_json::Value, GgufError> {
+        super::gguf::qwen3_config_json(model)
+    }
+
+    fn gguf_checkpoint(&self, model: &GgufModel) -> Result<Checkpoint, GgufError> {
+        crate::gguf::checkpoint::checkpoint(model, GgufNaming::plain(ExpertNaming::MLP))
     }
 }
 

@@ -14,6 +14,7 @@
 mod config;
 mod family;
 mod forward;
+mod gguf;
 pub mod glm4_moe;
 pub mod gpt_oss;
 mod gpt_oss_experts;

@@ -78,7 +78,10 @@ impl Family for OlmoeFamily {
         &self,
         model: &crate::gguf::GgufModel,
     ) -> Result<crate::st::Checkpoint, crate::gguf::GgufError> {
-        crate::gguf::checkpoint::checkpoint(model, crate::model::expert::ExpertNaming::MLP)
+        crate::gguf::checkpoint::checkpoint(
+            model,
+            crate::gguf::names::GgufNaming::plain(crate::model::expert::ExpertNaming::MLP),
+        )
     }
 }
 
