@@ -1,5 +1,5 @@
-//! `coli convert`: HF checkpoint (OLMoE, GLM-5, DeepSeek-V3; F32, BF16 or
-//! FP8 e4m3 with block scales) → streaming container.
+//! `coli convert`: HF checkpoint (F32, BF16 or FP8 e4m3 with block scales)
+//! or GGUF model (ggml blocks copied as stored) → streaming container.
 
 use std::path::{Path, PathBuf};
 
@@ -14,8 +14,10 @@ use crate::quant::QFormat;
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// Hugging Face checkpoint: a directory, or a model name from `coli list`.
-    #[arg(long, value_name = "DIR|NAME")]
+    /// Hugging Face checkpoint (a directory), GGUF model (a file, the first
+    /// shard of a split model, or a directory holding one), or a model name
+    /// from `coli list`.
+    #[arg(long, value_name = "DIR|FILE|NAME")]
     pub input: PathBuf,
     /// Output container: a bare NAME is written to the models directory
     /// (`coli list`, then `--model NAME`); a path (`./NAME`, `dir/NAME`,
@@ -23,14 +25,18 @@ pub struct ConvertArgs {
     /// unless --force is given.
     #[arg(long, value_name = "NAME|DIR")]
     pub output: PathBuf,
-    /// Routed experts: f32, int8 (the default), int4, int4-gN
-    /// (N in 16..=256; int4-g64 is the usual choice for GLM-5 / DeepSeek-V3),
-    /// int2. The MTP layer of GLM / DeepSeek-V3 never goes below int8.
-    #[arg(long, default_value = "int8", value_parser = experts_format)]
-    pub experts: QFormat,
-    /// Dense matrices: f32, int8, int4 (norms, routers, biases stay F32).
-    #[arg(long, default_value = "f32", value_parser = dense_format)]
-    pub dense: QFormat,
+    /// Routed experts: f32, int8 (the default for a checkpoint), int4,
+    /// int4-gN (N in 16..=256; int4-g64 is the usual choice for GLM-5 /
+    /// DeepSeek-V3), int2. The MTP layer of GLM / DeepSeek-V3 never goes
+    /// below int8. A GGUF's quantized experts are copied as stored whatever
+    /// this says; it applies to experts the GGUF stores as floats (kept as
+    /// they are by default).
+    #[arg(long, value_parser = experts_format)]
+    pub experts: Option<QFormat>,
+    /// Dense matrices: f32 (the default), int8, int4 (norms, routers,
+    /// biases stay F32). A GGUF's quantized matrices are copied as stored.
+    #[arg(long, value_parser = dense_format)]
+    pub dense: Option<QFormat>,
     /// Replace an existing model at the output. The new container is written
     /// beside it first, so the old one stays whole if the conversion fails.
     #[arg(long)]
@@ -62,12 +68,17 @@ fn non_empty(dir: &Path) -> bool {
 
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let input = catalog::resolve(&args.input)?;
+    let gguf = crate::engine::ModelFiles::resolve(&input).is_ok_and(|f| f.is_gguf());
+    let experts = args
+        .experts
+        .unwrap_or(if gguf { QFormat::F32 } else { QFormat::Int8 });
+    let dense = args.dense.unwrap_or(QFormat::F32);
     let output = catalog::output_path(&args.output)?;
     let occupied = std::fs::symlink_metadata(&output).is_ok_and(|m| !m.is_dir() || non_empty(&output));
     let printer = ProgressPrinter::stderr(0);
     let progress: Option<&dyn Progress> = Some(&printer);
     let report = if occupied && args.force {
-        replace(&input, &output, args.experts, args.dense, progress)?
+        replace(&input, &output, experts, dense, progress)?
     } else {
         if occupied {
             return Err(super::usage(format!(
@@ -75,7 +86,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
                 output.display()
             )));
         }
-        convert(&input, &output, args.experts, args.dense, progress)?
+        convert(&input, &output, experts, dense, progress)?
     };
     diag!(
         "wrote {} ({} tensors, {} experts, {:.1} MB; experts {}, dense {})",

@@ -1,6 +1,6 @@
-//! `coli convert`: a Hugging Face checkpoint (OLMoE, GLM-5 `glm_moe_dsa` or
-//! DeepSeek-V3 `deepseek_v3`; F32, BF16, F16 or FP8 e4m3 with block scales)
-//! to a streaming container.
+//! `coli convert`: a Hugging Face checkpoint (every registered family; F32,
+//! BF16, F16 or FP8 e4m3 with block scales) or a GGUF model ([`gguf`]: its
+//! ggml blocks copied as stored) to a streaming container.
 //!
 //! The container is one `model.safetensors` (readable by any safetensors
 //! reader) laid out for streaming: dense tensors first, then every routed
@@ -11,6 +11,7 @@
 //! into a temporary directory renamed into place at the very end, so an
 //! interrupted conversion never leaves something that loads.
 
+mod gguf;
 pub(crate) mod plan;
 mod writer;
 
@@ -122,7 +123,8 @@ fn model_spec(input: &Path, experts: QFormat, dense: QFormat) -> Result<ModelSpe
 
 /// Converts the checkpoint in `input` into a container at `output` (a
 /// directory that must not exist yet, or be empty). The model family comes
-/// from config.json's `model_type`. The work happens in `<output>.tmp-<pid>`,
+/// from config.json's `model_type`; a GGUF input (a file, or a directory
+/// holding one GGUF model) goes to [`gguf::convert_gguf`]. The work happens in `<output>.tmp-<pid>`,
 /// renamed to `output` only once complete; on error the temporary directory
 /// is removed.
 ///
@@ -139,6 +141,9 @@ pub fn convert(
     dense: QFormat,
     progress: Option<&dyn Progress>,
 ) -> Result<ConvertReport, ConvertError> {
+    if let Ok(crate::engine::ModelFiles::Gguf(file)) = crate::engine::ModelFiles::resolve(input) {
+        return gguf::convert_gguf(&file, output, experts, dense, progress);
+    }
     let model = model_spec(input, experts, dense)?;
     let ck = Checkpoint::open(input)?;
     let inputs = plan::checkpoint_inputs(&ck)?;

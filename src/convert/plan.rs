@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::ConvertError;
+use crate::gguf::GgmlType;
 use crate::model::expert::ExpertNaming;
 use crate::quant::QFormat;
 use crate::st::fp8::{FP8_BLOCK, SCALE_INV_SUFFIX};
@@ -85,7 +86,11 @@ pub(crate) fn layer_of(name: &str) -> Option<usize> {
 pub(crate) struct InputTensor {
     pub name: String,
     pub dtype: Dtype,
+    /// Logical shape (elements, outermost first).
     pub shape: Vec<usize>,
+    /// ggml's block type of a GGUF tensor stored quantized (then `dtype` is
+    /// `U8`): copied as stored, never requantized ([`crate::st::ggml_blocks`]).
+    pub block: Option<GgmlType>,
     /// Named in errors about this tensor.
     pub path: PathBuf,
 }
@@ -99,6 +104,7 @@ pub(crate) fn checkpoint_inputs(ck: &Checkpoint) -> Result<Vec<InputTensor>, Con
                 name: name.to_string(),
                 dtype: meta.dtype,
                 shape: meta.shape.clone(),
+                block: meta.block,
                 path: ck.path_of(meta).to_path_buf(),
             })
         })
@@ -451,6 +457,25 @@ pub(crate) fn keeps_f32(name: &str, shape: &[usize]) -> bool {
 /// consumed by the FP8 weights they scale.
 /// `inputs` must be sorted by name (dense tensors are written in that order);
 /// `dir` is named in errors about missing tensors.
+/// The source of a tensor of ggml `ty` blocks, copied byte for byte, and
+/// the shape it is stored under (`U8 [rows, bytes_per_row]`).
+fn block_source(meta: &InputTensor, ty: GgmlType) -> Result<(Source, Vec<usize>), String> {
+    let stored = crate::st::ggml_blocks::stored_shape(ty, &meta.shape)
+        .ok_or_else(|| format!("shape {:?} is not whole {ty} blocks", meta.shape))?;
+    if meta.dtype != Dtype::U8 {
+        return Err(format!("{ty} blocks must be U8 bytes, found {}", meta.dtype));
+    }
+    let source = Source {
+        tensor: meta.name.clone(),
+        dtype: Dtype::U8,
+        elem_start: 0,
+        elems: stored.iter().product(),
+        scale_inv: None,
+        view: View::Contiguous,
+    };
+    Ok((source, stored))
+}
+
 pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Result<Vec<Job>, ConvertError> {
     let (layers, n_exp) = (spec.expert_layers.len(), spec.n_experts);
     let (h, inter) = (spec.hidden, spec.inter);
@@ -459,6 +484,8 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
     let mut jobs = Vec::new();
     // (layer, expert, which) -> source
     let mut expert_src: BTreeMap<(usize, usize, usize), Source> = BTreeMap::new();
+    // Stored shapes of the experts kept as ggml blocks, by name.
+    let mut block_shapes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for meta in inputs {
         let name = meta.name.as_str();
         let bad = |reason: String| ConvertError::Input {
@@ -470,6 +497,38 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
             && let Some((l, part)) = gpt_oss_fused(name)
         {
             gpt_oss_sources(spec, &by_name, meta, l, part, &mut expert_src)?;
+            continue;
+        }
+        if let Some(ty) = meta.block {
+            if let Some(l) = layer_of(name)
+                && l >= layers
+            {
+                return Err(bad(format!(
+                    "layer {l} is beyond the {layers} layers the config declares"
+                )));
+            }
+            let (source, stored) = block_source(meta, ty).map_err(bad)?;
+            if let Some((l, e, which)) = spec.naming.parse(name) {
+                if !spec.expert_layers[l] || e >= n_exp || meta.shape != shapes[which] {
+                    return Err(bad(format!(
+                        "expected routed expert {e} of layer {l} ({n_exp} per layer) of shape {:?}, found {ty} {:?}",
+                        shapes[which], meta.shape
+                    )));
+                }
+                if expert_src.insert((l, e, which), source).is_some() {
+                    return Err(bad(format!("expert {e} is given twice")));
+                }
+                block_shapes.insert(name.to_string(), stored);
+            } else {
+                jobs.push(Job {
+                    name: name.to_string(),
+                    source,
+                    shape: stored,
+                    kind: Kind::Raw,
+                    align: false,
+                    expert: false,
+                });
+            }
             continue;
         }
         if name.ends_with(SCALE_SUFFIX) || matches!(meta.dtype, Dtype::U8 | Dtype::I8) {
@@ -625,7 +684,9 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                         tensor: name.clone(),
                         reason: "missing from the input checkpoint".into(),
                     })?;
+                let stored = block_shapes.remove(&name);
                 let kind = match spec.expert_format[l] {
+                    _ if stored.is_some() => Kind::Raw,
                     QFormat::F32 if source.dtype == Dtype::F32 && source.view == View::Contiguous => {
                         Kind::Raw
                     }
@@ -635,7 +696,7 @@ pub(crate) fn plan(inputs: &[InputTensor], dir: &Path, spec: &ModelSpec) -> Resu
                 jobs.push(Job {
                     name,
                     source,
-                    shape: shape.to_vec(),
+                    shape: stored.unwrap_or_else(|| shape.to_vec()),
                     kind,
                     align: which == 0,
                     expert: true,
@@ -741,6 +802,7 @@ mod expert_bias_tests {
 
     fn input(name: String, shape: Vec<usize>) -> InputTensor {
         InputTensor {
+            block: None,
             name,
             dtype: Dtype::F32,
             shape,
@@ -876,6 +938,7 @@ mod next_token_layer_tests {
                     .map(move |(which, shape)| (e, which, shape))
             })
             .map(|(e, which, shape)| InputTensor {
+                block: None,
                 name: spec.naming.tensor(l, e, which),
                 dtype: Dtype::F32,
                 shape: shape.to_vec(),

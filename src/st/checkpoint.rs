@@ -273,6 +273,9 @@ impl Checkpoint {
             }
             maps.push(Arc::new(map));
         }
+        if let Some(first) = files.first() {
+            super::ggml_blocks::apply(first, &mut tensors, &metadata)?;
+        }
         Ok(Self::assemble(dir, files, maps, tensors, metadata))
     }
 

@@ -19,6 +19,7 @@ mod checkpoint;
 mod decode;
 mod error;
 pub mod fp8;
+pub mod ggml_blocks;
 mod header;
 pub mod view;
 

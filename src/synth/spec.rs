@@ -195,6 +195,7 @@ impl SynthSpec {
         out.sort();
         out.into_iter()
             .map(|(name, shape)| InputTensor {
+                block: None,
                 name,
                 dtype: Dtype::F32,
                 shape,
