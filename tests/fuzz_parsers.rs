@@ -8,7 +8,7 @@
 //! `COLI_FUZZ_SEED` picks another seed (default 1); a finding prints the
 //! seed, the iteration and the input, which reproduce it exactly.
 
-use colibri::fuzz::{all_targets, run};
+use colibri::fuzz::{all_targets, gguf_model_target, run};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -52,4 +52,42 @@ fn parsers_survive_mutated_inputs() {
         }
     }
     assert!(failed.is_empty(), "findings:\n{}", failed.join("\n"));
+}
+
+/// Whole GGUF models, mutated, loaded by the engine and run (each input
+/// writes a file and loads a model, so fewer inputs: `COLI_FUZZ_MODEL_ITERS`).
+#[test]
+fn gguf_models_survive_mutation() {
+    let iters = env_u64("COLI_FUZZ_MODEL_ITERS", 5_000);
+    let seed = env_u64("COLI_FUZZ_SEED", 1);
+    let target = gguf_model_target();
+    let t0 = std::time::Instant::now();
+    let r = run(&target, seed, iters);
+    eprintln!(
+        "{:<20} {:>9} inputs, {:>8} accepted, {} findings, {:.1} s",
+        target.name,
+        r.inputs,
+        r.accepted,
+        r.findings.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(r.inputs, iters);
+    assert!(r.accepted > 0, "no mutant was accepted; the seeds are broken");
+    let failed: Vec<String> = r
+        .findings
+        .iter()
+        .map(|f| {
+            format!(
+                "iteration {}: {}\n  input: {} bytes",
+                f.iteration,
+                f.what,
+                f.input.len()
+            )
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "findings (seed {seed}):\n{}",
+        failed.join("\n")
+    );
 }

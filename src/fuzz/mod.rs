@@ -10,11 +10,13 @@
 //! The test suite runs a quick pass (tests/fuzz_parsers.rs); the long pass
 //! and its figures are in docs/fuzzing.md.
 
+mod gguf_model;
 mod mutate;
 mod targets;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+pub use gguf_model::gguf_model_target;
 pub use mutate::Rng;
 pub use targets::{Target, all_targets};
 

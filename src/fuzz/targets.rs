@@ -727,7 +727,7 @@ const GGUF_NUMBERS: &[u64] = &[
 
 /// Half the time an integer written over a field-sized stretch of the
 /// header (where counts, lengths, types and offsets live), else byte edits.
-fn gguf_mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
+pub(super) fn gguf_mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
     let mut v = base.to_vec();
     if v.len() > 8 && rng.below(2) == 0 {
         for _ in 0..1 + rng.below(2) {
