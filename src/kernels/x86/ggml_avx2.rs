@@ -1,5 +1,6 @@
-//! AVX2+FMA dot products of ggml block rows (Q8_0, Q4_0, MXFP4, Q4_K,
-//! Q5_K, Q6_K) against quantized activations ([`GgmlActs`]).
+//! AVX2+FMA dot products of ggml block rows (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//! IQ4_NL, MXFP4, Q4_K, Q5_K, Q6_K) against quantized activations
+//! ([`GgmlActs`]).
 //!
 //! Each 32-column step decodes the weights to bytes in one register and
 //! multiplies them with the activation bytes by `vpmaddubsw` (unsigned ×
@@ -22,7 +23,10 @@ use crate::kernels::ggml::blocks::{e8m0_half, f16_at, scales_mins_k4};
 /// The types with an AVX2 kernel (the others use the scalar reference).
 pub(crate) fn has(ty: GgmlType) -> bool {
     use crate::gguf::GgmlType::*;
-    matches!(ty, Q8_0 | Q4_0 | MXFP4 | Q4_K | Q5_K | Q6_K)
+    matches!(
+        ty,
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4 | Q4_K | Q5_K | Q6_K
+    )
 }
 
 /// Sum of the eight lanes.
@@ -86,6 +90,61 @@ pub(super) unsafe fn decode32(ty: GgmlType, p: *const u8) -> __m256i {
     }
 }
 
+/// 32 bytes, byte `k` 0x10 where bit `k` of `bits` is set, else 0: the
+/// fifth bit of Q5_0 / Q5_1 column `k` (the nibble order of [`nibbles`]).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn fifth_bits(bits: u32) -> __m256i {
+    // Byte k takes byte k / 8 of `bits`; OR-ing every bit but bit k % 8
+    // and comparing with all ones leaves 0xFF exactly where bit k is set.
+    let x = _mm256_set1_epi32(bits as i32);
+    let spread = _mm256_setr_epi64x(
+        0,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let bytes = _mm256_or_si256(
+        _mm256_shuffle_epi8(x, spread),
+        _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe),
+    );
+    let set = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// The weights of one 32-column block of Q4_1, Q5_1 (unsigned, 0..32),
+/// Q5_0 or IQ4_NL (signed) at `p`.
+///
+/// # Safety
+/// `p` points at one whole block of `ty`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode32_legacy(ty: GgmlType, p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees the block's bytes are readable: Q4_1's
+    // 16 bytes start at 4; Q5_0's high bits at 2 and nibbles at 6; Q5_1's
+    // at 4 and 8; IQ4_NL's nibbles at 2.
+    unsafe {
+        match ty {
+            GgmlType::Q4_1 => nibbles(_mm_loadu_si128(p.add(4).cast())),
+            GgmlType::Q5_0 => {
+                let qh = u32::from_le_bytes(*p.add(2).cast::<[u8; 4]>());
+                let v = _mm256_or_si256(nibbles(_mm_loadu_si128(p.add(6).cast())), fifth_bits(qh));
+                _mm256_sub_epi8(v, _mm256_set1_epi8(16))
+            }
+            GgmlType::Q5_1 => {
+                let qh = u32::from_le_bytes(*p.add(4).cast::<[u8; 4]>());
+                _mm256_or_si256(nibbles(_mm_loadu_si128(p.add(8).cast())), fifth_bits(qh))
+            }
+            _ => {
+                let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    crate::kernels::ggml::blocks::KVALUES_IQ4NL.as_ptr().cast(),
+                ));
+                _mm256_shuffle_epi8(table, nibbles(_mm_loadu_si128(p.add(2).cast())))
+            }
+        }
+    }
+}
+
 /// The f32 scale of block `b` of a 32-column row: weight scale times
 /// activation scale.
 #[inline(always)]
@@ -116,6 +175,31 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs) -> Option<f3
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_signed(w, a)), s, acc);
             }
             Some(hsum(acc))
+        }
+        Q4_1 | Q5_0 | Q5_1 | IQ4_NL => {
+            let mut acc = _mm256_setzero_ps();
+            // Q4_1 / Q5_1: the offset `m` times the activation block's sum.
+            let mut offsets = 0.0f32;
+            for (i, b) in row.chunks_exact(size).enumerate() {
+                // SAFETY: `b` is one whole block; `check_acts` made the
+                // activations `32 × blocks` values long.
+                let (w, a) = unsafe {
+                    (
+                        decode32_legacy(ty, b.as_ptr()),
+                        _mm256_loadu_si256(q.add(32 * i).cast()),
+                    )
+                };
+                let lanes = match ty {
+                    Q4_1 | Q5_1 => {
+                        offsets += f16_at(b, 2) * acts.s[i];
+                        dot_unsigned(w, a, _mm256_set1_epi16(1))
+                    }
+                    _ => dot_signed(w, a),
+                };
+                let s = _mm256_set1_ps(f16_at(b, 0) * acts.d[i]);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), s, acc);
+            }
+            Some(hsum(acc) + offsets)
         }
         Q4_K | Q5_K | Q6_K => {
             let mut acc = _mm256_setzero_ps();
