@@ -1,37 +1,41 @@
-//! Matvec over ggml block rows at one thread: GB/s of weight bytes per type
-//! for a 2048-column matrix, against `Kernels::read_sum` over the same bytes
-//! in the same run (the memory-read roofline the other matvec benches use),
-//! printed as a ratio. Rounds alternate kernel and roofline passes so both
-//! see the same machine state; the median of `COLI_BENCH_ROUNDS` (default
-//! 5) rounds is reported. Criterion also times each type's pass.
+//! Matvec over ggml block rows, the engine's path (`QMatrix::matvec_with`,
+//! parallel over rows), against the memory-read roofline.
+//!
+//! Each supported type streams a matrix larger than the last-level cache
+//! (`COLI_BENCH_MB` MiB of weights, default 512; `COLI_BENCH_COLS` columns,
+//! default 4096, a multiple of every type's block) on one thread and on all
+//! threads; `COLI_BENCH_ROUNDS` (default 5) paired rounds of the read
+//! baseline then the matvec, best of each (benches/support/paired.rs). The
+//! target is a ratio of at least 0.85 for every type with a SIMD kernel.
+//! `COLI_BENCH_TYPES=Q4_K,Q8_0` limits the types; `COLI_BENCH_KERNELS=avx2`
+//! runs the matvec on another available kernel set (the baseline keeps the
+//! best one).
+//!
+//! A last table is the compute ceiling: one thread over 512 KiB of rows
+//! that stay in L2. A type can stream at the memory's pace only if this is
+//! comfortably above the one-thread baseline.
+
+#[path = "support/paired.rs"]
+mod paired;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use colibri::kernels::ggml::{self, GgmlActs, GgmlType};
-use criterion::{Criterion, criterion_group, criterion_main};
+use colibri::kernels::{Kernels, dispatch};
+use colibri::quant::{ByteStore, QMatrix};
+use paired::{Paired, env_usize, pools, random_bytes};
 
-const COLS: usize = 2048;
-const ROWS: usize = 8192;
-
-/// Random valid rows: pseudo-random bytes with small finite f16 scales.
-fn matrix(ty: GgmlType) -> Vec<u8> {
+/// Valid blocks of `ty`: random bytes with small finite scales.
+fn blocks(ty: GgmlType, len: usize, seed: u64) -> Vec<u8> {
     let size = ty.type_size() as usize;
-    let n = ggml::row_bytes(ty, COLS).unwrap_or(0) * ROWS;
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    let mut m: Vec<u8> = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 32) as u8
-        })
-        .collect();
+    let mut m = random_bytes(len, seed);
     let offs: &[usize] = match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
+        GgmlType::IQ4_XS => &[0],
         GgmlType::MXFP4 => &[],
         _ => &[0],
     };
@@ -46,67 +50,97 @@ fn matrix(ty: GgmlType) -> Vec<u8> {
     m
 }
 
-fn secs(f: impl FnOnce()) -> f64 {
-    let t = Instant::now();
-    f();
-    t.elapsed().as_secs_f64()
+/// GB/s of one thread over 512 KiB of `ty` rows that stay in L2: the
+/// kernel's compute ceiling. Best of 30 passes.
+fn in_cache(k: &Kernels, ty: GgmlType, cols: usize, x: &[f32]) -> f64 {
+    let rb = ggml::row_bytes(ty, cols).unwrap_or(1);
+    let rows = ((512 << 10) / rb).max(1);
+    let m = blocks(ty, rows * rb, 5);
+    let acts = GgmlActs::for_weights(ty, x).unwrap_or_else(|e| panic!("{ty}: {e}"));
+    let mut out = vec![0f32; rows];
+    let mut best = f64::INFINITY;
+    for _ in 0..30 {
+        let start = Instant::now();
+        k.ggml_dot_rows(ty, black_box(&m), &acts, &mut out);
+        black_box(&out);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    (rows * rb) as f64 / best / 1e9
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn bench(c: &mut Criterion) {
-    let k = colibri::kernels::dispatch();
-    let rounds: usize = std::env::var("COLI_BENCH_ROUNDS")
+fn main() {
+    let mb = env_usize("COLI_BENCH_MB", 512);
+    let cols = env_usize("COLI_BENCH_COLS", 4096);
+    let bytes = mb << 20;
+    let k = dispatch();
+    let km = std::env::var("COLI_BENCH_KERNELS")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let x: Vec<f32> = (0..COLS)
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .and_then(|name| Kernels::available().into_iter().find(|k| k.name == name))
+        .unwrap_or(k);
+    let only: Option<Vec<String>> = std::env::var("COLI_BENCH_TYPES")
+        .ok()
+        .map(|v| v.split(',').map(|t| t.trim().to_ascii_uppercase()).collect());
+    let types: Vec<GgmlType> = ggml::SUPPORTED
+        .into_iter()
+        .filter(|t| only.as_ref().is_none_or(|o| o.iter().any(|n| n == t.name())))
         .collect();
-    let mut table = Vec::new();
-    let mut g = c.benchmark_group("ggml_matvec");
-    g.sample_size(10)
-        .warm_up_time(Duration::from_millis(200))
-        .measurement_time(Duration::from_millis(800));
-    for ty in ggml::SUPPORTED {
-        let m = matrix(ty);
-        let acts = GgmlActs::for_weights(ty, &x).expect("whole blocks");
-        let mut out = vec![0f32; ROWS];
-        let (mut kern, mut base) = (Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            kern.push(secs(|| k.ggml_dot_rows(ty, &m, &acts, &mut out)));
-            base.push(secs(|| {
-                black_box(k.read_sum(&m));
-            }));
-        }
-        let gb = m.len() as f64 / 1e9;
-        let (kg, bg) = (gb / median(kern), gb / median(base));
-        table.push((ty, k.ggml_has_simd(ty), kg, bg));
-        g.bench_function(ty.name(), |b| {
-            b.iter(|| k.ggml_dot_rows(ty, &m, &acts, black_box(&mut out)))
+    eprintln!(
+        "kernels: {} (available: {:?})",
+        km.name,
+        Kernels::available().iter().map(|k| k.name).collect::<Vec<_>>()
+    );
+    let pools = pools();
+    let mut bench = Paired {
+        rounds: env_usize("COLI_BENCH_ROUNDS", 5),
+        k,
+        buf: random_bytes(bytes, 3),
+        records: Vec::new(),
+    };
+    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    for &ty in &types {
+        let rb = ggml::row_bytes(ty, cols).unwrap_or_else(|e| panic!("{ty} rows of {cols} columns: {e}"));
+        let rows = (bytes / rb).max(1);
+        let m = QMatrix::from_ggml(rows, cols, ty, ByteStore::from_vec(blocks(ty, rows * rb, 11)))
+            .unwrap_or_else(|e| panic!("{ty} bench matrix: {e}"));
+        let mut y = vec![0f32; rows];
+        bench.measure(&pools, ty.name(), rows * rb, || {
+            m.matvec_with(&km, black_box(&x), &mut y);
         });
     }
-    g.finish();
+
     println!(
-        "\nggml matvec, {COLS} columns x {ROWS} rows, 1 thread, kernels {}",
-        k.name
+        "\nggml matvec, weights {mb} MiB, {cols} columns, kernels {}, best of {} paired rounds",
+        km.name, bench.rounds
     );
     println!(
-        "{:<8} {:>5} {:>8} {:>10} {:>6}",
-        "type", "simd", "GB/s", "base GB/s", "ratio"
+        "{:<8} {:>5} {:>7} {:>8} {:>10} {:>6}",
+        "type", "simd", "threads", "GB/s", "base GB/s", "ratio"
     );
-    for (ty, simd, kg, bg) in table {
+    for r in &bench.records {
+        let simd = types
+            .iter()
+            .find(|t| t.name() == r.case)
+            .is_some_and(|&t| km.ggml_has_simd(t));
         println!(
-            "{:<8} {:>5} {kg:>8.2} {bg:>10.2} {:>6.2}",
-            ty.name(),
+            "{:<8} {:>5} {:>7} {:>8.2} {:>10.2} {:>6.3}",
+            r.case,
             simd,
-            kg / bg
+            r.threads,
+            r.gbs(),
+            r.base_gbs(),
+            r.gbs() / r.base_gbs()
         );
     }
+    let base1 = bench
+        .records
+        .iter()
+        .find(|r| r.threads == 1)
+        .map(|r| r.base_gbs())
+        .unwrap_or(f64::NAN);
+    println!("\nin cache (512 KiB of rows, 1 thread): compute ceiling");
+    println!("{:<8} {:>8} {:>14}", "type", "GB/s", "x 1t baseline");
+    for &ty in &types {
+        let gbs = in_cache(&km, ty, cols, &x);
+        println!("{:<8} {gbs:>8.2} {:>14.2}", ty.name(), gbs / base1);
+    }
 }
-
-criterion_group!(benches, bench);
-criterion_main!(benches);

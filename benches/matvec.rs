@@ -16,87 +16,24 @@
 //! rows that stay in L2, so no memory traffic. A kernel can stream at the
 //! memory's pace only if this figure is comfortably above the baseline.
 
+#[path = "support/paired.rs"]
+mod paired;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use colibri::kernels::{Kernels, QActs, RowRef, dispatch};
 use colibri::quant::{ByteStore, QFormat, QMatrix};
 use criterion::{Criterion, SamplingMode, Throughput};
-use rayon::prelude::*;
-use rayon::{ThreadPool, ThreadPoolBuilder};
+use paired::{Paired, env_usize, pools, random_bytes};
+use rayon::ThreadPool;
 
-/// Paired figures of one case at one thread count.
-struct Record {
-    case: String,
-    threads: usize,
-    /// Bytes of weights one pass of the case reads.
-    bytes: usize,
-    /// Best seconds of one pass of the case.
-    seconds: f64,
-    /// Best seconds of one baseline pass over `base_bytes`, from the rounds
-    /// interleaved with the case's.
-    base_seconds: f64,
-    base_bytes: usize,
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default)
-}
-
-/// Pseudo-random bytes, cheap enough for hundreds of MiB.
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        v.extend_from_slice(&s.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-/// Wrapping sum of a buffer in 64 KiB tasks, with the kernels' SIMD loads
-/// and prefetching: the memory-read roofline.
-fn read_all(k: &Kernels, buf: &[u8]) -> u64 {
-    buf.par_chunks(1 << 16)
-        .map(|c| k.read_sum(c))
-        .reduce(|| 0, u64::wrapping_add)
-}
-
-/// Wrapping sum of a buffer in 64 KiB tasks as plain Rust (auto-vectorized,
-/// hardware prefetch only): the second read strategy of the baseline.
-fn read_plain(buf: &[u8]) -> u64 {
-    buf.par_chunks(1 << 16)
-        .map(|c| {
-            c.chunks_exact(8)
-                .map(|w| u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]))
-                .fold(0u64, u64::wrapping_add)
-        })
-        .reduce(|| 0, u64::wrapping_add)
-}
-
-/// Seconds of one call of `f` under `pool`.
-fn time_once(pool: &ThreadPool, f: &mut (impl FnMut() + Send)) -> f64 {
-    let start = Instant::now();
-    pool.install(&mut *f);
-    start.elapsed().as_secs_f64()
-}
-
-/// What the cases share: thread pools, the baseline, criterion, the records.
+/// What the cases share: thread pools, the paired rounds, criterion.
 struct Bench {
     c: Criterion,
     quick: bool,
-    rounds: usize,
     pools: Vec<(usize, ThreadPool)>,
-    k: Kernels,
-    buf: Vec<u8>,
-    records: Vec<Record>,
+    paired: Paired,
 }
 
 impl Bench {
@@ -123,43 +60,7 @@ impl Bench {
             }
             group.finish();
         }
-        let (k, buf) = (self.k, &self.buf);
-        let mut base = || {
-            black_box(read_all(&k, black_box(buf)));
-        };
-        let mut plain = || {
-            black_box(read_plain(black_box(buf)));
-        };
-        for (threads, pool) in &self.pools {
-            // One unmeasured pass each to fault in pages and warm the pool.
-            time_once(pool, &mut base);
-            time_once(pool, &mut f);
-            let (mut best_base, mut best) = (f64::INFINITY, f64::INFINITY);
-            let (mut simd_wins, mut plain_wins) = (0, 0);
-            for _ in 0..self.rounds {
-                // The baseline is the faster of two read strategies in each
-                // round, so no kernel is compared with a handicapped read.
-                let (a, b) = (time_once(pool, &mut base), time_once(pool, &mut plain));
-                if a <= b {
-                    simd_wins += 1;
-                } else {
-                    plain_wins += 1;
-                }
-                best_base = best_base.min(a.min(b));
-                best = best.min(time_once(pool, &mut f));
-            }
-            if std::env::var("COLI_BENCH_VERBOSE").is_ok() {
-                eprintln!("{case} {threads}t: simd read won {simd_wins}, plain read won {plain_wins}");
-            }
-            self.records.push(Record {
-                case: case.to_string(),
-                threads: *threads,
-                bytes,
-                seconds: best,
-                base_seconds: best_base,
-                base_bytes: buf.len(),
-            });
-        }
+        self.paired.measure(&self.pools, case, bytes, f);
     }
 }
 
@@ -219,19 +120,7 @@ fn main() {
     let mb = env_usize("COLI_BENCH_MB", 512);
     let cols = env_usize("COLI_BENCH_COLS", 4096);
     let bytes = mb << 20;
-    let all = rayon::current_num_threads();
-    let pools: Vec<(usize, ThreadPool)> = [1, all]
-        .into_iter()
-        .map(|n| {
-            (
-                n,
-                ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .build()
-                    .expect("thread pool"),
-            )
-        })
-        .collect();
+    let pools = pools();
     let k = dispatch();
     let km = std::env::var("COLI_BENCH_KERNELS")
         .ok()
@@ -245,11 +134,13 @@ fn main() {
     let mut bench = Bench {
         c: Criterion::default().configure_from_args(),
         quick: std::env::var("COLI_BENCH_QUICK").is_ok_and(|v| v == "1"),
-        rounds: env_usize("COLI_BENCH_ROUNDS", 7),
         pools,
-        k,
-        buf: random_bytes(bytes, 3),
-        records: Vec::new(),
+        paired: Paired {
+            rounds: env_usize("COLI_BENCH_ROUNDS", 7),
+            k,
+            buf: random_bytes(bytes, 3),
+            records: Vec::new(),
+        },
     };
 
     let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -284,15 +175,14 @@ fn main() {
 
     println!(
         "\nweights {mb} MiB, {cols} columns, kernels {}, best of {} paired rounds",
-        km.name, bench.rounds
+        km.name, bench.paired.rounds
     );
     println!(
         "{:<20} {:>7} {:>10} {:>10} {:>8}",
         "case", "threads", "GB/s", "base GB/s", "ratio"
     );
-    for r in &bench.records {
-        let gbs = r.bytes as f64 / r.seconds / 1e9;
-        let base = r.base_bytes as f64 / r.base_seconds / 1e9;
+    for r in &bench.paired.records {
+        let (gbs, base) = (r.gbs(), r.base_gbs());
         println!(
             "{:<20} {:>7} {:>10.2} {:>10.2} {:>8.3}",
             r.case,
@@ -304,10 +194,11 @@ fn main() {
     }
 
     let base1 = bench
+        .paired
         .records
         .iter()
         .find(|r| r.threads == 1)
-        .map(|r| r.base_bytes as f64 / r.base_seconds / 1e9)
+        .map(|r| r.base_gbs())
         .unwrap_or(f64::NAN);
     println!("\nin cache (512 KiB of rows, 1 thread): compute ceiling");
     println!("{:<20} {:>10} {:>14}", "case", "GB/s", "x 1t baseline");

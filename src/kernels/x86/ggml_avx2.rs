@@ -168,6 +168,7 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs) -> Option<f3
         Q8_0 | Q4_0 | MXFP4 => {
             let mut acc = _mm256_setzero_ps();
             for (i, b) in row.chunks_exact(size).enumerate() {
+                super::prefetch_ahead(b.as_ptr());
                 // SAFETY: `b` is one whole block; `check_acts` made the
                 // activations `32 × blocks` values long.
                 let (w, a) = unsafe { (decode32(ty, b.as_ptr()), _mm256_loadu_si256(q.add(32 * i).cast())) };
@@ -181,6 +182,7 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs) -> Option<f3
             // Q4_1 / Q5_1: the offset `m` times the activation block's sum.
             let mut offsets = 0.0f32;
             for (i, b) in row.chunks_exact(size).enumerate() {
+                super::prefetch_ahead(b.as_ptr());
                 // SAFETY: `b` is one whole block; `check_acts` made the
                 // activations `32 × blocks` values long.
                 let (w, a) = unsafe {
@@ -205,6 +207,7 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs) -> Option<f3
             let mut acc = _mm256_setzero_ps();
             let mut mins = 0.0f32;
             for (i, b) in row.chunks_exact(size).enumerate() {
+                super::prefetch_span(b.as_ptr(), size);
                 // SAFETY: as above, for 256-column super-blocks.
                 let a = unsafe { q.add(256 * i) };
                 let bsums = &acts.bsums[16 * i..16 * i + 16];

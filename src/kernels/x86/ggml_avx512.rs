@@ -14,7 +14,8 @@
 
 use core::arch::x86_64::*;
 
-use super::ggml_avx2::{decode32, q6_codes, q6_offset, q45_codes, scale32};
+use super::ggml_avx2::{q6_codes, q6_offset, q45_codes};
+use super::ggml_avx512_b32 as b32;
 use crate::gguf::GgmlType;
 use crate::kernels::ggml::GgmlActs;
 use crate::kernels::ggml::blocks::scales_mins_k4;
@@ -42,15 +43,6 @@ pub(super) unsafe fn vnni_dot(u: __m512i, a: __m512i) -> __m512i {
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a)
 }
 
-/// Sixteen i32 lanes `Σ w a`, `w` signed bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn dot_s<const VNNI: bool>(w: __m512i, a: __m512i) -> __m512i {
-    let neg = _mm512_movepi8_mask(w);
-    let a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-    dot_u::<VNNI>(_mm512_abs_epi8(w), a)
-}
-
 /// Two 256-bit halves as one register (`lo` in lanes 0..8).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
@@ -58,159 +50,10 @@ fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
-/// Lanes 0..8 `lo`, 8..16 `hi`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn halves_ps(lo: f32, hi: f32) -> __m512 {
-    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(lo), _mm512_set1_ps(hi))
-}
-
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 fn halves_epi32(lo: i32, hi: i32) -> __m512i {
     _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(lo), _mm512_set1_epi32(hi))
-}
-
-/// [`super::ggml_avx2::scale32`] with the block's f16 scale widened by
-/// `vcvtph2ps` (exact, as every f16 → f32 conversion), not by a library
-/// call that tests for F16C on each block.
-#[inline]
-#[target_feature(enable = "f16c")]
-fn scale_f16c(ty: GgmlType, b: &[u8], ad: f32) -> f32 {
-    match ty {
-        GgmlType::MXFP4 => scale32(ty, b, ad),
-        _ => {
-            let bits = u16::from_le_bytes([b[0], b[1]]);
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) * ad
-        }
-    }
-}
-
-/// Blocks `b0`, `b1` (the `i`-th and next of a Q8_0, Q4_0 or MXFP4 row)
-/// against their 64 activations: the i32 sums as f32 and the scales, lanes
-/// 0..8 for `b0`, 8..16 for `b1`. A function rather than a closure so that
-/// it is compiled with the caller's target features and inlined.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-fn pair<const VNNI: bool>(ty: GgmlType, b0: &[u8], b1: &[u8], acts: &GgmlActs, i: usize) -> (__m512, __m512) {
-    debug_assert!(acts.q.len() >= 32 * (i + 2) && acts.d.len() >= i + 2);
-    // SAFETY: `b0`, `b1` are whole blocks and the activations hold
-    // `32 × blocks` values (`check_acts`), blocks `i` and `i + 1` among them.
-    let (w, a) = unsafe {
-        (
-            join(decode32(ty, b0.as_ptr()), decode32(ty, b1.as_ptr())),
-            _mm512_loadu_si512(acts.q.as_ptr().add(32 * i).cast()),
-        )
-    };
-    let s = halves_ps(scale_f16c(ty, b0, acts.d[i]), scale_f16c(ty, b1, acts.d[i + 1]));
-    (_mm512_cvtepi32_ps(dot_s::<VNNI>(w, a)), s)
-}
-
-/// The Q8_0 and Q4_0 row kernels, one function per type and VNNI choice
-/// with every step written out in it (a macro, not helper functions): the
-/// generic loop's helpers were not inlined across their target features
-/// and ran at a third of the memory bandwidth. Per step two pairs of
-/// blocks (128 columns) into two accumulators; lanes 0..8 of a pair hold
-/// its first block, 8..16 its second; a last odd pair goes to the first
-/// accumulator, a last odd block (upper half zero) to the second. The
-/// integer sums are exact, as in every kernel here.
-macro_rules! q0_kernel {
-    ($name:ident, $features:literal, $block:expr, $vnni:expr, $weights:expr) => {
-        #[target_feature(enable = $features)]
-        unsafe fn $name(row: &[u8], acts: &GgmlActs) -> f32 {
-            const B: usize = $block;
-            let nb = row.len() / B;
-            debug_assert!(acts.q.len() >= 32 * nb && acts.d.len() >= nb);
-            let (rp, qp, dp) = (row.as_ptr(), acts.q.as_ptr(), acts.d.as_ptr());
-            // Lane j of the scale vector takes lane 0 (j < 8) or 1 (j >= 8).
-            let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-            let zero = _mm512_setzero_si512();
-            let weights = $weights;
-            // The i32 sums of block `i` (lanes 0..8) and of block `i + 1`
-            // (8..16, zero when `two` is false), as f32, and their scales.
-            let step = |i: usize, two: bool| -> (__m512, __m512) {
-                // SAFETY: blocks `i` and (when `two`) `i + 1` are whole
-                // blocks of `row`, their 32 activations each in `acts.q`
-                // and their scales in `acts.d` (`check_acts`).
-                unsafe {
-                    let b0 = rp.add(i * B);
-                    let lo: __m256i = weights(b0);
-                    let (w, a, d1, ad1) = if two {
-                        let b1 = rp.add((i + 1) * B);
-                        (
-                            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), weights(b1)),
-                            _mm512_loadu_si512(qp.add(32 * i).cast()),
-                            u16::from_le_bytes([*b1, *b1.add(1)]),
-                            *dp.add(i + 1),
-                        )
-                    } else {
-                        (
-                            _mm512_zextsi256_si512(lo),
-                            _mm512_zextsi256_si512(_mm256_loadu_si256(qp.add(32 * i).cast())),
-                            0,
-                            0.0,
-                        )
-                    };
-                    let neg = _mm512_movepi8_mask(w);
-                    let a = _mm512_mask_sub_epi8(a, neg, zero, a);
-                    let u = _mm512_abs_epi8(w);
-                    let isum = if $vnni {
-                        _mm512_dpbusd_epi32(zero, u, a)
-                    } else {
-                        _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1))
-                    };
-                    let d0 = u16::from_le_bytes([*b0, *b0.add(1)]);
-                    let dw = _mm_cvtph_ps(_mm_setr_epi16(d0 as i16, d1 as i16, 0, 0, 0, 0, 0, 0));
-                    let da = _mm_setr_ps(*dp.add(i), ad1, 0.0, 0.0);
-                    let s = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(dw, da)));
-                    (_mm512_cvtepi32_ps(isum), s)
-                }
-            };
-            let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut i = 0;
-            while i + 4 <= nb {
-                let (x0, s0) = step(i, true);
-                let (x1, s1) = step(i + 2, true);
-                acc0 = _mm512_fmadd_ps(x0, s0, acc0);
-                acc1 = _mm512_fmadd_ps(x1, s1, acc1);
-                i += 4;
-            }
-            if i + 2 <= nb {
-                let (x, s) = step(i, true);
-                acc0 = _mm512_fmadd_ps(x, s, acc0);
-                i += 2;
-            }
-            if i < nb {
-                let (x, s) = step(i, false);
-                acc1 = _mm512_fmadd_ps(x, s, acc1);
-            }
-            _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
-        }
-    };
-}
-
-/// Q8_0's 32 signed weights at byte 2 of the block at `p`.
-macro_rules! q8_0_weights {
-    () => {
-        // SAFETY (at each use): `p` is a whole 34-byte block.
-        |p: *const u8| unsafe { _mm256_loadu_si256(p.add(2).cast()) }
-    };
-}
-
-/// Q4_0's 32 nibbles at byte 2 of the block at `p` (low nibbles are
-/// columns 0..16, high ones 16..32), minus 8.
-macro_rules! q4_0_weights {
-    () => {
-        // SAFETY (at each use): `p` is a whole 18-byte block.
-        |p: *const u8| unsafe {
-            let v = _mm_loadu_si128(p.add(2).cast());
-            let both = _mm256_set_m128i(_mm_srli_epi16::<4>(v), v);
-            _mm256_sub_epi8(
-                _mm256_and_si256(both, _mm256_set1_epi8(0x0F)),
-                _mm256_set1_epi8(8),
-            )
-        }
-    };
 }
 
 /// The Q4_K row kernel written out like [`q0_kernel`]'s, with the generic
@@ -231,6 +74,7 @@ macro_rules! q4_k_kernel {
             let mut mins = 0.0f32;
             for i in 0..nb {
                 let b = &row[i * B..(i + 1) * B];
+                super::prefetch_span(b.as_ptr(), B);
                 let (sc, m) = k4_scales_mins(&b[4..16]);
                 // Σ bsum_j · min_{j/2} in i32: each min against its two
                 // 16-column sums.
@@ -304,6 +148,7 @@ unsafe fn q6_k(row: &[u8], acts: &GgmlActs) -> f32 {
     let mut acc = _mm512_setzero_ps();
     for i in 0..nb {
         let b = &row[i * B..(i + 1) * B];
+        super::prefetch_span(b.as_ptr(), B);
         // SAFETY: 16 i16 sums of super-block `i`; the block's 16 scale
         // bytes at 192.
         let (bs, sc16) = unsafe {
@@ -409,35 +254,6 @@ mod tests {
     }
 }
 
-q0_kernel!(
-    q8_0_vnni,
-    "avx512f,avx512bw,avx2,fma,f16c,avx512vnni",
-    34,
-    true,
-    q8_0_weights!()
-);
-q0_kernel!(
-    q8_0_plain,
-    "avx512f,avx512bw,avx2,fma,f16c",
-    34,
-    false,
-    q8_0_weights!()
-);
-q0_kernel!(
-    q4_0_vnni,
-    "avx512f,avx512bw,avx2,fma,f16c,avx512vnni",
-    18,
-    true,
-    q4_0_weights!()
-);
-q0_kernel!(
-    q4_0_plain,
-    "avx512f,avx512bw,avx2,fma,f16c",
-    18,
-    false,
-    q4_0_weights!()
-);
-
 /// The f16 at byte `at` of `b` widened by `vcvtph2ps` (exact).
 #[inline]
 #[target_feature(enable = "f16c")]
@@ -457,10 +273,20 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs, vnni: bool) 
     // whole blocks of `row` and their activations only.
     unsafe {
         match (ty, vnni) {
-            (GgmlType::Q8_0, true) => return Some(q8_0_vnni(row, acts)),
-            (GgmlType::Q8_0, false) => return Some(q8_0_plain(row, acts)),
-            (GgmlType::Q4_0, true) => return Some(q4_0_vnni(row, acts)),
-            (GgmlType::Q4_0, false) => return Some(q4_0_plain(row, acts)),
+            (GgmlType::Q8_0, true) => return Some(b32::q8_0_vnni(row, acts)),
+            (GgmlType::Q8_0, false) => return Some(b32::q8_0_plain(row, acts)),
+            (GgmlType::Q4_0, true) => return Some(b32::q4_0_vnni(row, acts)),
+            (GgmlType::Q4_0, false) => return Some(b32::q4_0_plain(row, acts)),
+            (GgmlType::Q4_1, true) => return Some(b32::q4_1_vnni(row, acts)),
+            (GgmlType::Q4_1, false) => return Some(b32::q4_1_plain(row, acts)),
+            (GgmlType::Q5_0, true) => return Some(b32::q5_0_vnni(row, acts)),
+            (GgmlType::Q5_0, false) => return Some(b32::q5_0_plain(row, acts)),
+            (GgmlType::Q5_1, true) => return Some(b32::q5_1_vnni(row, acts)),
+            (GgmlType::Q5_1, false) => return Some(b32::q5_1_plain(row, acts)),
+            (GgmlType::IQ4_NL, true) => return Some(b32::iq4_nl_vnni(row, acts)),
+            (GgmlType::IQ4_NL, false) => return Some(b32::iq4_nl_plain(row, acts)),
+            (GgmlType::MXFP4, true) => return Some(b32::mxfp4_vnni(row, acts)),
+            (GgmlType::MXFP4, false) => return Some(b32::mxfp4_plain(row, acts)),
             (GgmlType::Q4_K, _) => return Some(q4_k(row, acts)),
             (GgmlType::Q6_K, _) => return Some(q6_k(row, acts)),
             _ => {}
@@ -495,45 +321,11 @@ unsafe fn dot_impl<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &GgmlActs) 
     let size = ty.type_size() as usize;
     let q = acts.q.as_ptr();
     match ty {
-        Q8_0 | Q4_0 | MXFP4 => {
-            // One pair of blocks (64 columns) into a register; two pairs a
-            // step, into two accumulators, so that one multiply-add does
-            // not wait for the other.
-            let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut quads = row.chunks_exact(4 * size);
-            let mut i = 0;
-            for p in quads.by_ref() {
-                let (x0, s0) = pair::<VNNI>(ty, &p[..size], &p[size..2 * size], acts, i);
-                let (x1, s1) = pair::<VNNI>(ty, &p[2 * size..3 * size], &p[3 * size..], acts, i + 2);
-                acc0 = _mm512_fmadd_ps(x0, s0, acc0);
-                acc1 = _mm512_fmadd_ps(x1, s1, acc1);
-                i += 4;
-            }
-            let rest = quads.remainder();
-            if rest.len() >= 2 * size {
-                let (x, s) = pair::<VNNI>(ty, &rest[..size], &rest[size..2 * size], acts, i);
-                acc0 = _mm512_fmadd_ps(x, s, acc0);
-                i += 2;
-            }
-            if rest.len() % (2 * size) == size {
-                let b = &rest[rest.len() - size..];
-                // SAFETY: `b` is the last whole block, its 32 activations
-                // the last ones.
-                let (w, a) = unsafe {
-                    (
-                        _mm512_zextsi256_si512(decode32(ty, b.as_ptr())),
-                        _mm512_zextsi256_si512(_mm256_loadu_si256(q.add(32 * i).cast())),
-                    )
-                };
-                let s = halves_ps(scale_f16c(ty, b, acts.d[i]), 0.0);
-                acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_s::<VNNI>(w, a)), s, acc1);
-            }
-            Some(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)))
-        }
         Q4_K | Q5_K | Q6_K => {
             let mut acc = _mm512_setzero_ps();
             let mut mins = 0.0f32;
             for (i, b) in row.chunks_exact(size).enumerate() {
+                super::prefetch_span(b.as_ptr(), size);
                 // SAFETY: 256 activation values per super-block.
                 let a = unsafe { q.add(256 * i) };
                 let bsums = &acts.bsums[16 * i..16 * i + 16];
