@@ -41,12 +41,13 @@ pub struct GgmlActs {
     pub(crate) s: Vec<f32>,
     /// Q8_K per 16 columns: the sum of the values.
     pub(crate) bsums: Vec<i16>,
-    /// Q8_0/Q8_1: minus each 32-column block's sum of values, laid out for
-    /// the AVX-512 kernels' pairs of blocks: 16 lanes per pair, block `2p`'s
-    /// in lane `16p`, block `2p + 1`'s in lane `16p + 8`, the rest zero. A
-    /// kernel that multiplies unsigned codes `w + c` starts its lanes from
-    /// `c` times these to get `Σ w q` exactly (built once per matvec).
-    pub(crate) pair_nsums: Vec<i32>,
+    /// Q8_0/Q8_1: minus the sum of each 4 consecutive values (entry `j`
+    /// for columns `4j..4j + 4`), zero-padded to a whole pair of blocks. A
+    /// kernel that multiplies unsigned codes `w + c` with VNNI starts each
+    /// 4-column lane from `c` times its entry and so gets exactly the lane
+    /// `Σ w q` that ggml's kernels convert and add: the same lanes, hence
+    /// the same f32 rounding (built once per matvec).
+    pub(crate) lane_nsums: Vec<i32>,
 }
 
 /// `max` of ggml's x86 code: `_mm256_max_ps` keeps the second operand when
@@ -73,11 +74,11 @@ impl GgmlActs {
             s16: Vec::new(),
             s: Vec::new(),
             bsums: Vec::new(),
-            pair_nsums: Vec::new(),
+            lane_nsums: Vec::new(),
         };
         match ty {
             GgmlType::Q8_0 | GgmlType::Q8_1 => {
-                a.pair_nsums = vec![0; 16 * (cols / QK).div_ceil(2)];
+                a.lane_nsums = vec![0; 16 * (cols / QK).div_ceil(2)];
                 for (b, (xb, qb)) in x.chunks_exact(QK).zip(a.q.chunks_exact_mut(QK)).enumerate() {
                     let m = amax(xb);
                     let d = m / 127.0;
@@ -88,7 +89,9 @@ impl GgmlActs {
                         *q = (v * id).round_ties_even() as i8;
                         sum += i32::from(*q);
                     }
-                    a.pair_nsums[16 * (b / 2) + 8 * (b % 2)] = -sum;
+                    for (n, g) in a.lane_nsums[8 * b..8 * b + 8].iter_mut().zip(qb.chunks_exact(4)) {
+                        *n = -g.iter().map(|&v| i32::from(v)).sum::<i32>();
+                    }
                     let d16 = f16::from_f32(d);
                     a.d16.push(d16.to_bits());
                     a.d.push(d16.to_f32());

@@ -193,8 +193,13 @@ impl Kernels {
     /// [`Kernels::ggml_dot`] uses the scalar reference).
     pub fn ggml_has_simd(&self, ty: GgmlType) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if matches!(self.isa, Isa::Avx2 | Isa::Avx512) {
-            return super::x86::ggml_avx2::has(ty);
+        {
+            if self.isa == Isa::Avx512 && self.f16c && super::x86::ggml_avx512::has(ty) {
+                return true;
+            }
+            if matches!(self.isa, Isa::Avx2 | Isa::Avx512) {
+                return super::x86::ggml_avx2::has(ty);
+            }
         }
         let _ = ty;
         false
@@ -232,6 +237,14 @@ impl Kernels {
         }
         if let Err(e) = check_acts(ty, rb, acts) {
             panic!("ggml_dot_rows: {e}");
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.isa == Isa::Avx512 && self.f16c {
+            // SAFETY: as in `ggml_dot_checked`; `bytes` is `rows` rows of
+            // `rb` bytes (asserted above), each validated by `check_acts`.
+            if unsafe { super::x86::ggml_avx512::dot_rows(ty, bytes, rb, acts, self.vnni, out) } {
+                return;
+            }
         }
         for (o, row) in out.iter_mut().zip(bytes.chunks_exact(rb)) {
             *o = self.ggml_dot_checked(ty, row, acts);

@@ -1,75 +1,64 @@
-//! AVX-512 dot products of ggml block rows (Q8_0, Q4_0, MXFP4, Q4_K,
-//! Q5_K, Q6_K), 64 columns per step.
+//! AVX-512 dot products of ggml block rows, 64 columns per step: the
+//! K-quants Q4_K, Q5_K and Q6_K here, the 32-column types in
+//! [`super::ggml_avx512_b32`], Q2_K, Q3_K and IQ4_XS in
+//! [`super::ggml_avx512_k23`]; [`dot`] picks one.
 //!
-//! The weight bytes of two 32-column blocks (or sub-block pairs) fill one
-//! register and meet the activation bytes in `vpdpbusd` on AVX512-VNNI
-//! (unsigned × signed bytes, four columns into each i32 lane, exact) or in
-//! `vpmaddubsw` + `vpmaddwd` without it. Signed weights become `|w|` with
-//! the activation negated where `w < 0`. As in the AVX2 kernels, integer
-//! sums are exact (the K-quants' sub-block scales are applied to the lanes
-//! in i32 and a super-block summed in integers) and only the f32 terms'
-//! split over lanes and their summation order differ from the scalar
-//! reference; an odd last 32-column block is computed with the upper half
-//! zero.
+//! The weight bytes of a sub-block pair fill one register and meet the
+//! activation bytes in `vpmaddubsw` + `vpmaddwd`. Integer sums are exact
+//! (the sub-block scales are applied to the lanes in i32 and a
+//! super-block summed in integers) and only the f32 terms' split over
+//! lanes and their order differ from the scalar reference.
 
 use core::arch::x86_64::*;
 
-use super::ggml_avx2::{q6_codes, q6_offset, q45_codes};
 use super::ggml_avx512_b32 as b32;
+use super::ggml_avx512_k23 as k23;
 use crate::gguf::GgmlType;
 use crate::kernels::ggml::GgmlActs;
-use crate::kernels::ggml::blocks::scales_mins_k4;
 
-/// Sixteen i32 lanes `Σ u a` of four columns each, `u` unsigned bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn dot_u<const VNNI: bool>(u: __m512i, a: __m512i) -> __m512i {
-    if VNNI {
-        // SAFETY: `VNNI` is only true when the caller's `Kernels` value was
-        // built after detecting AVX512-VNNI (see `dot`).
-        unsafe { vnni_dot(u, a) }
-    } else {
-        _mm512_madd_epi16(_mm512_maddubs_epi16(u, a), _mm512_set1_epi16(1))
-    }
-}
-
-/// `vpdpbusd` from zero.
-///
-/// # Safety
-/// The CPU has AVX512-VNNI.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn vnni_dot(u: __m512i, a: __m512i) -> __m512i {
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, a)
-}
-
-/// Two 256-bit halves as one register (`lo` in lanes 0..8).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn halves_epi32(lo: i32, hi: i32) -> __m512i {
-    _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(lo), _mm512_set1_epi32(hi))
-}
-
-/// The Q4_K row kernel written out like [`q0_kernel`]'s, with the generic
-/// K-quant loop's arithmetic exactly (so its results are bit-identical to
-/// it): per super-block the eight sub-block scales applied to the i32 lanes
-/// in integers, `d · d_a` once per super-block, and the mins' term
-/// `(dmin · d_a) · Σ bsum · min` subtracted at the end.
-macro_rules! q4_k_kernel {
-    ($name:ident, $features:literal) => {
-        #[target_feature(enable = $features)]
+/// The Q4_K and Q5_K row kernels, written out whole under their target
+/// features: per super-block the eight 6-bit sub-block scales widened to
+/// i16 once and spread over each 64-column step's lanes by one permute,
+/// the codes of a step (32 bytes, low nibbles then high ones) split by a
+/// broadcast load and one variable shift, Q5_K's fifth bits (`qh` byte `k`
+/// bit `2j` for column `k` of sub-block `2j`, bit `2j + 1` for `2j + 1`)
+/// added under a 64-bit mask tested from a broadcast of `qh`. Codes ×
+/// activations in i16 pairs (at most 2 · 31 · 127) then × the sub-block
+/// scale into i32 lanes: the exact integer sums, `d · d_a` once per
+/// super-block, and the mins' term `(dmin · d_a) · Σ bsum · min`
+/// subtracted at the end, all as the generic loop computed them.
+macro_rules! q45_k_kernel {
+    ($name:ident, $q5:expr) => {
+        /// # Safety
+        /// The CPU has AVX-512F/BW, AVX2, FMA and F16C; `row` and `acts`
+        /// passed `check_acts` for the type.
+        #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
         unsafe fn $name(row: &[u8], acts: &GgmlActs) -> f32 {
-            const B: usize = 144;
+            const Q5: bool = $q5;
+            const B: usize = if Q5 { 176 } else { 144 };
+            const QS: usize = if Q5 { 48 } else { 16 };
             let nb = row.len() / B;
             debug_assert!(acts.q.len() >= 256 * nb && acts.d.len() >= nb && acts.bsums.len() >= 16 * nb);
-            let zero = _mm512_setzero_si512();
-            let m4 = _mm256_set1_epi8(0x0F);
+            let m4 = _mm512_set1_epi8(0x0F);
+            let split = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+            // i16 lanes 0..16 take scale 2j, lanes 16..32 scale 2j + 1.
+            let spread = |j: i16| {
+                let (l, h) = (2 * j, 2 * j + 1);
+                _mm512_set_epi16(
+                    h, h, h, h, h, h, h, h, h, h, h, h, h, h, h, h, l, l, l, l, l, l, l, l, l, l, l, l, l, l,
+                    l, l,
+                )
+            };
+            let spreads = [spread(0), spread(1), spread(2), spread(3)];
+            // Bit `2j` of each `qh` byte for the step's first 32 columns,
+            // bit `2j + 1` for the others.
+            let bit = |j: u32| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi8((1u32 << (2 * j)) as i8),
+                    _mm256_set1_epi8((1u32 << (2 * j + 1)) as i8),
+                )
+            };
+            let bits = [bit(0), bit(1), bit(2), bit(3)];
             let mut acc = _mm512_setzero_ps();
             let mut mins = 0.0f32;
             for i in 0..nb {
@@ -82,33 +71,32 @@ macro_rules! q4_k_kernel {
                 let bs = unsafe { _mm256_loadu_si256(acts.bsums.as_ptr().add(16 * i).cast()) };
                 let mm = _mm_cvtsi64_si128(i64::from_le_bytes(m));
                 let mm = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mm, mm));
-                let prod = _mm256_madd_epi16(bs, mm);
-                let summs = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(prod));
+                let summs = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(_mm256_madd_epi16(bs, mm)));
                 mins += (f16c_at(b, 2) * acts.d[i]) * summs as f32;
-                let mut isum = zero;
+                let sc16 =
+                    _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(sc))));
+                // SAFETY: `qh`'s 32 bytes at 16 of a Q5_K block.
+                let qh = if Q5 {
+                    unsafe { _mm512_broadcast_i64x4(_mm256_loadu_si256(b.as_ptr().add(16).cast())) }
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let mut isum = _mm512_setzero_si512();
                 for j in 0..4 {
-                    // SAFETY: `16 + 32 j + 32 <= 144` bytes of the block and
+                    // SAFETY: `QS + 32 j + 32 <= B` bytes of the block and
                     // `256 i + 64 j + 64 <= 256 nb` activations.
                     let (v, a) = unsafe {
                         (
-                            _mm256_loadu_si256(b.as_ptr().add(16 + 32 * j).cast()),
+                            _mm512_broadcast_i64x4(_mm256_loadu_si256(b.as_ptr().add(QS + 32 * j).cast())),
                             _mm512_loadu_si512(acts.q.as_ptr().add(256 * i + 64 * j).cast()),
                         )
                     };
-                    let w = _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(_mm256_and_si256(v, m4)),
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
-                    );
-                    // Codes (0..15) × activations in i16 pairs (at most
-                    // 2 · 15 · 128, no saturation), then × the sub-block
-                    // scale into i32: the integer value VNNI's dot times the
-                    // scale would give, in two instructions instead of a
-                    // dot and a 32-bit multiply.
-                    let s = _mm512_mask_blend_epi16(
-                        0xFFFF_0000,
-                        _mm512_set1_epi16(i16::from(sc[2 * j])),
-                        _mm512_set1_epi16(i16::from(sc[2 * j + 1])),
-                    );
+                    let mut w = _mm512_and_si512(_mm512_srlv_epi64(v, split), m4);
+                    if Q5 {
+                        let high = _mm512_test_epi8_mask(qh, bits[j]);
+                        w = _mm512_mask_add_epi8(w, high, w, _mm512_set1_epi8(0x10));
+                    }
+                    let s = _mm512_permutexvar_epi16(spreads[j], sc16);
                     isum = _mm512_add_epi32(isum, _mm512_madd_epi16(_mm512_maddubs_epi16(w, a), s));
                 }
                 acc = _mm512_fmadd_ps(
@@ -122,7 +110,8 @@ macro_rules! q4_k_kernel {
     };
 }
 
-q4_k_kernel!(q4_k, "avx512f,avx512bw,avx2,fma,f16c");
+q45_k_kernel!(q4_k, false);
+q45_k_kernel!(q5_k, true);
 
 /// The Q6_K row kernel, written out as [`q4_k_kernel`]'s is and with the
 /// generic loop's lane values exactly: per 64 columns the unsigned 6-bit
@@ -229,6 +218,125 @@ fn k4_scales_mins(q: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
+/// The f16 at byte `at` of `b` widened by `vcvtph2ps` (exact).
+#[inline]
+#[target_feature(enable = "f16c")]
+fn f16c_at(b: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The types with an AVX-512 kernel in [`dot`].
+pub(crate) fn has(ty: GgmlType) -> bool {
+    use crate::gguf::GgmlType::*;
+    matches!(
+        ty,
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4 | Q4_K | Q5_K | Q6_K | Q2_K | Q3_K | IQ4_XS
+    )
+}
+
+/// The 32-column kernel of `ty` (VNNI or not) applied to `R` rows, or
+/// `None` when `ty` is not a 32-column type.
+///
+/// # Safety
+/// As the kernels: the CPU has their features (AVX512-VNNI when `vnni`);
+/// `R` rows of `rb` bytes are readable from `rows`, and a row of `rb`
+/// bytes and `acts` passed `check_acts` for `ty`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn b32_rows<const R: usize>(
+    ty: GgmlType,
+    rows: *const u8,
+    rb: usize,
+    acts: &GgmlActs,
+    vnni: bool,
+) -> Option<[f32; R]> {
+    use crate::gguf::GgmlType::*;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        Some(match (ty, vnni) {
+            (Q8_0, true) => b32::q8_0_vnni::<R>(rows, rb, acts),
+            (Q8_0, false) => b32::q8_0_plain::<R>(rows, rb, acts),
+            (Q4_0, true) => b32::q4_0_vnni::<R>(rows, rb, acts),
+            (Q4_0, false) => b32::q4_0_plain::<R>(rows, rb, acts),
+            (Q4_1, true) => b32::q4_1_vnni::<R>(rows, rb, acts),
+            (Q4_1, false) => b32::q4_1_plain::<R>(rows, rb, acts),
+            (Q5_0, true) => b32::q5_0_vnni::<R>(rows, rb, acts),
+            (Q5_0, false) => b32::q5_0_plain::<R>(rows, rb, acts),
+            (Q5_1, true) => b32::q5_1_vnni::<R>(rows, rb, acts),
+            (Q5_1, false) => b32::q5_1_plain::<R>(rows, rb, acts),
+            (IQ4_NL, true) => b32::iq4_nl_vnni::<R>(rows, rb, acts),
+            (IQ4_NL, false) => b32::iq4_nl_plain::<R>(rows, rb, acts),
+            (MXFP4, true) => b32::mxfp4_vnni::<R>(rows, rb, acts),
+            (MXFP4, false) => b32::mxfp4_plain::<R>(rows, rb, acts),
+            _ => return None,
+        })
+    }
+}
+
+/// `out[i]` = row `i` of `bytes` · `acts` for the `out.len()` rows of `rb`
+/// bytes in `bytes`, four rows at a time where the type has a multi-row
+/// kernel (each value equals [`dot`] of its row exactly), or `false` when
+/// `ty` has no AVX-512 kernel.
+///
+/// # Safety
+/// As [`dot`]; `bytes` holds `out.len()` rows of `rb` bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) unsafe fn dot_rows(
+    ty: GgmlType,
+    bytes: &[u8],
+    rb: usize,
+    acts: &GgmlActs,
+    vnni: bool,
+    out: &mut [f32],
+) -> bool {
+    debug_assert_eq!(bytes.len(), rb * out.len());
+    if !has(ty) {
+        return false;
+    }
+    let mut quads = out.chunks_exact_mut(4);
+    let mut r = 0;
+    for o in &mut quads {
+        // SAFETY: rows `r..r + 4` are whole rows of `bytes`; the rest is
+        // forwarded from the caller.
+        match unsafe { b32_rows::<4>(ty, bytes.as_ptr().wrapping_add(r * rb), rb, acts, vnni) } {
+            Some(v) => o.copy_from_slice(&v),
+            None => break,
+        }
+        r += 4;
+    }
+    for (o, row) in out[r..].iter_mut().zip(bytes[r * rb..].chunks_exact(rb)) {
+        // SAFETY: forwarded from the caller; `has(ty)` holds.
+        *o = unsafe { dot(ty, row, acts, vnni) }.unwrap_or(f32::NAN);
+    }
+    true
+}
+
+/// `row · acts`, or `None` when `ty` has no AVX-512 kernel.
+///
+/// # Safety
+/// The CPU has AVX-512F/BW, AVX2, FMA and F16C, and AVX512-VNNI when
+/// `vnni`; `row` and `acts` passed `check_acts` for `ty`.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs, vnni: bool) -> Option<f32> {
+    // SAFETY: forwarded from the caller; the kernels read whole blocks of
+    // `row` and their activations only.
+    unsafe {
+        if let Some([v]) = b32_rows::<1>(ty, row.as_ptr(), row.len(), acts, vnni) {
+            return Some(v);
+        }
+        match ty {
+            GgmlType::Q4_K => Some(q4_k(row, acts)),
+            GgmlType::Q5_K => Some(q5_k(row, acts)),
+            GgmlType::Q6_K => Some(q6_k(row, acts)),
+            GgmlType::Q2_K => Some(k23::q2_k(row, acts)),
+            GgmlType::Q3_K => Some(k23::q3_k(row, acts)),
+            GgmlType::IQ4_XS => Some(k23::iq4_xs(row, acts)),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::k4_scales_mins;
@@ -251,128 +359,5 @@ mod tests {
         for fill in [0u8, 0xff, 0x3f, 0xc0] {
             assert_eq!(k4_scales_mins(&[fill; 12]), scales_mins_k4(&[fill; 12]));
         }
-    }
-}
-
-/// The f16 at byte `at` of `b` widened by `vcvtph2ps` (exact).
-#[inline]
-#[target_feature(enable = "f16c")]
-fn f16c_at(b: &[u8], at: usize) -> f32 {
-    let bits = u16::from_le_bytes([b[at], b[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
-
-/// `row · acts`, or `None` when `ty` has no AVX-512 kernel.
-///
-/// # Safety
-/// The CPU has AVX-512F/BW, AVX2, FMA and F16C, and AVX512-VNNI when
-/// `vnni`; `row` and `acts` passed `check_acts` for `ty`.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs, vnni: bool) -> Option<f32> {
-    // SAFETY: forwarded from the caller; the Q8_0 / Q4_0 kernels read
-    // whole blocks of `row` and their activations only.
-    unsafe {
-        match (ty, vnni) {
-            (GgmlType::Q8_0, true) => return Some(b32::q8_0_vnni(row, acts)),
-            (GgmlType::Q8_0, false) => return Some(b32::q8_0_plain(row, acts)),
-            (GgmlType::Q4_0, true) => return Some(b32::q4_0_vnni(row, acts)),
-            (GgmlType::Q4_0, false) => return Some(b32::q4_0_plain(row, acts)),
-            (GgmlType::Q4_1, true) => return Some(b32::q4_1_vnni(row, acts)),
-            (GgmlType::Q4_1, false) => return Some(b32::q4_1_plain(row, acts)),
-            (GgmlType::Q5_0, true) => return Some(b32::q5_0_vnni(row, acts)),
-            (GgmlType::Q5_0, false) => return Some(b32::q5_0_plain(row, acts)),
-            (GgmlType::Q5_1, true) => return Some(b32::q5_1_vnni(row, acts)),
-            (GgmlType::Q5_1, false) => return Some(b32::q5_1_plain(row, acts)),
-            (GgmlType::IQ4_NL, true) => return Some(b32::iq4_nl_vnni(row, acts)),
-            (GgmlType::IQ4_NL, false) => return Some(b32::iq4_nl_plain(row, acts)),
-            (GgmlType::MXFP4, true) => return Some(b32::mxfp4_vnni(row, acts)),
-            (GgmlType::MXFP4, false) => return Some(b32::mxfp4_plain(row, acts)),
-            (GgmlType::Q4_K, _) => return Some(q4_k(row, acts)),
-            (GgmlType::Q6_K, _) => return Some(q6_k(row, acts)),
-            _ => {}
-        }
-        if vnni {
-            dot_vnni(ty, row, acts)
-        } else {
-            dot_impl::<false>(ty, row, acts)
-        }
-    }
-}
-
-/// [`dot_impl`] compiled with AVX512-VNNI enabled, so that `vpdpbusd`
-/// ([`vnni_dot`]) inlines into the loop instead of being called with its
-/// registers spilled to the stack (what made the kernel a quarter of the
-/// memory bandwidth).
-///
-/// # Safety
-/// As [`dot`] with `vnni`.
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c,avx512vnni")]
-unsafe fn dot_vnni(ty: GgmlType, row: &[u8], acts: &GgmlActs) -> Option<f32> {
-    // SAFETY: forwarded from the caller.
-    unsafe { dot_impl::<true>(ty, row, acts) }
-}
-
-/// # Safety
-/// As [`dot`], with `VNNI` for `vnni`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn dot_impl<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &GgmlActs) -> Option<f32> {
-    use crate::gguf::GgmlType::*;
-    let size = ty.type_size() as usize;
-    let q = acts.q.as_ptr();
-    match ty {
-        Q4_K | Q5_K | Q6_K => {
-            let mut acc = _mm512_setzero_ps();
-            let mut mins = 0.0f32;
-            for (i, b) in row.chunks_exact(size).enumerate() {
-                super::prefetch_span(b.as_ptr(), size);
-                // SAFETY: 256 activation values per super-block.
-                let a = unsafe { q.add(256 * i) };
-                let bsums = &acts.bsums[16 * i..16 * i + 16];
-                let mut isum = _mm512_setzero_si512();
-                if ty == Q6_K {
-                    isum = _mm512_mask_set1_epi32(isum, 1, -q6_offset(b, bsums));
-                    for n in 0..2 {
-                        for j in [0, 2] {
-                            // SAFETY: `b` is a whole block; `128 n + 32 j +
-                            // 64 <= 256` activations.
-                            let (w, av) = unsafe {
-                                (
-                                    join(q6_codes(b, n, j), q6_codes(b, n, j + 1)),
-                                    _mm512_loadu_si512(a.add(128 * n + 32 * j).cast()),
-                                )
-                            };
-                            let k = 192 + 8 * n + 2 * j;
-                            let sc = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(
-                                _mm_cvtsi32_si128(i32::from_le_bytes([b[k], b[k + 1], b[k + 2], b[k + 3]])),
-                                _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                            ));
-                            isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_u::<VNNI>(w, av), sc));
-                        }
-                    }
-                } else {
-                    let (sc, m) = scales_mins_k4(&b[4..16]);
-                    let summs: i32 = (0..16).map(|j| i32::from(bsums[j]) * i32::from(m[j / 2])).sum();
-                    mins += (f16c_at(b, 2) * acts.d[i]) * summs as f32;
-                    for j in 0..4 {
-                        // SAFETY: as above; `64 j + 64 <= 256`.
-                        let (w, av) = unsafe {
-                            let (lo, hi) = q45_codes(b, j, ty == Q5_K);
-                            (join(lo, hi), _mm512_loadu_si512(a.add(64 * j).cast()))
-                        };
-                        let s = halves_epi32(i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
-                        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot_u::<VNNI>(w, av), s));
-                    }
-                }
-                let d = if ty == Q6_K {
-                    f16c_at(b, 208)
-                } else {
-                    f16c_at(b, 0)
-                };
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * acts.d[i]), acc);
-            }
-            Some(_mm512_reduce_add_ps(acc) - mins)
-        }
-        _ => None,
     }
 }

@@ -1,22 +1,28 @@
 //! AVX-512 row kernels of the 32-column ggml types (Q8_0, Q4_0, Q4_1,
-//! Q5_0, Q5_1, IQ4_NL, MXFP4): two blocks (64 columns) per register, two
-//! pairs per step into two accumulators.
+//! Q5_0, Q5_1, IQ4_NL, MXFP4): the integer work two blocks (64 columns) to
+//! a register, the f32 work in ggml's own order, so that a row's result is
+//! bit for bit the one llama.cpp's x86 kernels give.
 //!
 //! The weights are decoded to unsigned codes. A type whose values are
 //! signed stores `value + c` with `c` a power of two (Q4_0: 8, Q5_0: 16;
 //! Q8_0, IQ4_NL and MXFP4 go through a table or an XOR to `value + 128`),
-//! and with AVX512-VNNI the lanes start from `-c Σ q` of each block
-//! ([`GgmlActs`]'s `pair_nsums`, shifted) before `vpdpbusd` adds `Σ code q`:
-//! the exact `Σ value q`, with none of the sign juggling `vpdpbusd`'s
-//! unsigned first operand would otherwise need. Without VNNI the codes go
-//! back to signed values and through `vpmaddubsw`'s `|w|`, `sign(q, w)`
-//! identity, as the AVX2 kernels do. Q4_1 and Q5_1 have unsigned codes and
-//! a per-block offset `m` whose term `m · s` is summed apart.
+//! and with AVX512-VNNI each 4-column lane starts from `-c Σ q` of its
+//! columns ([`GgmlActs`]'s `lane_nsums`, shifted) before `vpdpbusd` adds
+//! `Σ code q`: exactly ggml's lane `Σ value q`, with none of the sign
+//! juggling `vpdpbusd`'s unsigned first operand would otherwise need.
+//! Without VNNI the codes go back to signed values and through
+//! `vpmaddubsw`'s `|w|`, `sign(q, w)` identity, as the AVX2 kernels do.
+//! Q4_1 and Q5_1 have unsigned codes and a per-block offset `m` whose term
+//! `m · s` is summed apart.
 //!
-//! Integer sums are exact; only the split of the f32 terms over lanes and
-//! their order differ from the scalar reference, fixed by the row length.
-//! A last odd block runs as a pair whose second half has zero activations,
-//! a zero correction and a zero scale.
+//! Why ggml's order and not a faster one: the activations of the next
+//! layer are rounded to int8 and the experts chosen by a top-k, so a
+//! last-bit difference in one dot product can move a rounding or a routing
+//! choice and change later logits by far more than a rounding error. Equal
+//! lanes added in equal order keep colibri on llama.cpp's path token after
+//! token. The cost is one dependent FMA per block, which the memory stream
+//! hides. A last odd block runs as a pair whose second half has zero
+//! activations and a zero correction, and is not added.
 
 use core::arch::x86_64::*;
 
@@ -125,36 +131,45 @@ static E8M0_HALF: [f32; 256] = {
     t
 };
 
-/// One 32-column type's row kernel, written out whole under its target
-/// features (helpers across feature boundaries were not inlined, see
-/// ggml_avx512.rs). `$codes(b0, b1)` gives the 64 unsigned codes of blocks
-/// at `b0` and `b1`; `$kind` relates codes to values; `$e8m0` says the
-/// block scale is MXFP4's E8M0 byte rather than an f16. Four blocks a step:
-/// their four scales (and Q4_1/Q5_1's four offsets) are widened and
-/// multiplied by the activations' in one 128-bit vector.
+/// One 32-column type's kernel over `R` rows at once, written out whole
+/// under its target features (helpers across feature boundaries were not
+/// inlined, see ggml_avx512.rs). `$codes(b0, b1)` gives the 64 unsigned
+/// codes of blocks at `b0` and `b1`; `$kind` relates codes to values;
+/// `$e8m0` says the block scale is MXFP4's E8M0 byte rather than an f16.
+/// Each row keeps its own accumulator in ggml's order, a chain of one
+/// dependent FMA per block; the `R` rows' chains are independent, so their
+/// latencies overlap and a row's result does not depend on `R`. Four
+/// blocks a step: their four scales (and Q4_1/Q5_1's four offsets) are
+/// widened and multiplied by the activations' in one 128-bit vector.
 macro_rules! b32_kernel {
     ($name:ident, $features:literal, $block:expr, $vnni:expr, $kind:expr, $e8m0:expr, $codes:expr) => {
+        /// `out[r]` = row `r` · `acts` for the `R` rows of `rb` bytes from
+        /// `rows`.
+        ///
         /// # Safety
-        /// The CPU has the features this function is compiled for; `row`
-        /// and `acts` passed `check_acts` for the type.
+        /// The CPU has the features this function is compiled for; `R`
+        /// rows of `rb` bytes are readable from `rows`, and a row of `rb`
+        /// bytes and `acts` passed `check_acts` for the type.
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn $name(row: &[u8], acts: &GgmlActs) -> f32 {
+        pub(super) unsafe fn $name<const R: usize>(rows: *const u8, rb: usize, acts: &GgmlActs) -> [f32; R] {
             const B: usize = $block;
             const KIND: Kind = $kind;
-            let nb = row.len() / B;
+            let nb = rb / B;
             debug_assert!(acts.q.len() >= 32 * nb && acts.d.len() >= nb);
-            debug_assert!(KIND == Kind::Min || acts.pair_nsums.len() >= 16 * nb.div_ceil(2));
+            debug_assert!(KIND == Kind::Min || acts.lane_nsums.len() >= 16 * nb.div_ceil(2));
             debug_assert!(KIND != Kind::Min || acts.s.len() >= nb);
-            let (rp, qp) = (row.as_ptr(), acts.q.as_ptr());
+            let qp = acts.q.as_ptr();
             let zero = _mm512_setzero_si512();
             let codes = $codes;
-            // Blocks `i` and (when `two`) `i + 1`: the exact i32 lane sums
-            // (lanes 0..8 block `i`, 8..16 the next, zero when absent).
-            let isum = |i: usize, two: bool| -> __m512i {
+            // Blocks `i` and (when `two`) `i + 1` of the row at `rp`: the
+            // exact i32 lane sums (lanes 0..8 block `i`, 8..16 the next,
+            // zero when absent), ggml's lanes of four columns.
+            let isum = |rp: *const u8, i: usize, two: bool| -> __m512i {
                 // SAFETY: blocks `i` and (when `two`) `i + 1` are whole
-                // blocks of `row`; their activations and (`i` being even)
-                // pair sums are in `acts` (`check_acts`). A lone last block
-                // reads its own bytes twice against zero activations.
+                // blocks of the row; their activations and lane sums
+                // (padded to whole pairs) are in `acts` (`check_acts`). A
+                // lone last block reads its own bytes twice against zero
+                // activations and zero lane sums.
                 unsafe {
                     let b0 = rp.add(i * B);
                     let b1 = if two { rp.add((i + 1) * B) } else { b0 };
@@ -166,7 +181,7 @@ macro_rules! b32_kernel {
                     };
                     match KIND {
                         Kind::Offset(shift) if $vnni => {
-                            let n = _mm512_loadu_si512(acts.pair_nsums.as_ptr().add(8 * i).cast());
+                            let n = _mm512_loadu_si512(acts.lane_nsums.as_ptr().add(8 * i).cast());
                             _mm512_dpbusd_epi32(_mm512_sll_epi32(n, _mm_cvtsi32_si128(shift as i32)), c, a)
                         }
                         Kind::Offset(shift) => {
@@ -183,14 +198,15 @@ macro_rules! b32_kernel {
                     }
                 }
             };
-            // The weight scales of the `n` (1..=4) blocks from `i` times
-            // their activation scales, lane k block `i + k` (zero past `n`),
-            // and for Q4_1/Q5_1 the blocks' `m · s` likewise.
-            let scales = |i: usize, n: usize| -> (__m128, __m128) {
+            // The weight scales of the `n` (1..=4) blocks from `i` of the
+            // row at `rp` times their activation scales, lane k block
+            // `i + k` (zero past `n`), and for Q4_1/Q5_1 the blocks'
+            // `m · s` likewise, as arrays.
+            let scales = |rp: *const u8, i: usize, n: usize| -> ([f32; 4], [f32; 4]) {
                 let full = n == 4;
-                // SAFETY: blocks `i..i + n` are whole blocks of `row`, with
-                // their activation scales (and sums) in `acts`; lanes past
-                // `n` read nothing.
+                // SAFETY: blocks `i..i + n` are whole blocks of the row,
+                // with their activation scales (and sums) in `acts`; lanes
+                // past `n` read nothing; the stores fill local arrays.
                 unsafe {
                     let b = |k: usize| rp.add((i + k) * B);
                     let dw = if $e8m0 {
@@ -220,8 +236,9 @@ macro_rules! b32_kernel {
                             _mm_setr_ps(x(0), x(1), x(2), x(3))
                         }
                     };
-                    let d = _mm_mul_ps(dw, lanes(acts.d.as_ptr()));
-                    let m = if KIND == Kind::Min {
+                    let (mut d, mut m) = ([0f32; 4], [0f32; 4]);
+                    _mm_storeu_ps(d.as_mut_ptr(), _mm_mul_ps(dw, lanes(acts.d.as_ptr())));
+                    if KIND == Kind::Min {
                         let h = |k: usize| {
                             if full || k < n {
                                 u16_at(b(k).add(2)) as i16
@@ -230,52 +247,64 @@ macro_rules! b32_kernel {
                             }
                         };
                         let mw = _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0));
-                        _mm_mul_ps(mw, lanes(acts.s.as_ptr()))
-                    } else {
-                        _mm_setzero_ps()
-                    };
+                        _mm_storeu_ps(m.as_mut_ptr(), _mm_mul_ps(mw, lanes(acts.s.as_ptr())));
+                    }
                     (d, m)
                 }
             };
-            // Lane j of a pair's scales takes lane 0 or 1 (j < 8 or not) of
-            // the four, or lane 2 or 3.
-            let first = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-            let second = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-            let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut mins = _mm_setzero_ps();
+            // ggml's order per row: one 8-lane accumulator, each block's
+            // lanes times its scale added in block order, Q4_1/Q5_1's
+            // `m · s` to a scalar in block order, then
+            // [`super::ggml_avx2::hsum`].
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut offsets = [0.0f32; R];
+            let add = |acc: __m256, x: __m512i, d: &[f32; 4], k: usize, two: bool| {
+                let x = _mm512_cvtepi32_ps(x);
+                let acc = _mm256_fmadd_ps(_mm512_castps512_ps256(x), _mm256_set1_ps(d[k]), acc);
+                if two {
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x)));
+                    _mm256_fmadd_ps(hi, _mm256_set1_ps(d[k + 1]), acc)
+                } else {
+                    acc
+                }
+            };
+            let row = |r: usize| rows.wrapping_add(r * rb);
             let mut i = 0;
             while i + 4 <= nb {
-                super::prefetch_span(rp.wrapping_add(i * B), 4 * B);
-                let (x0, x1) = (
-                    _mm512_cvtepi32_ps(isum(i, true)),
-                    _mm512_cvtepi32_ps(isum(i + 2, true)),
-                );
-                let (d, m) = scales(i, 4);
-                let d = _mm512_castps128_ps512(d);
-                acc0 = _mm512_fmadd_ps(x0, _mm512_permutexvar_ps(first, d), acc0);
-                acc1 = _mm512_fmadd_ps(x1, _mm512_permutexvar_ps(second, d), acc1);
-                mins = _mm_add_ps(mins, m);
+                for r in 0..R {
+                    super::prefetch_span(row(r).wrapping_add(i * B), 4 * B);
+                    let (x0, x1) = (isum(row(r), i, true), isum(row(r), i + 2, true));
+                    let (d, m) = scales(row(r), i, 4);
+                    acc[r] = add(acc[r], x0, &d, 0, true);
+                    acc[r] = add(acc[r], x1, &d, 2, true);
+                    if KIND == Kind::Min {
+                        for m in m {
+                            offsets[r] += m;
+                        }
+                    }
+                }
                 i += 4;
             }
             if i < nb {
                 let n = nb - i;
-                let (d, m) = scales(i, n);
-                let d = _mm512_castps128_ps512(d);
-                let x0 = _mm512_cvtepi32_ps(isum(i, n >= 2));
-                acc0 = _mm512_fmadd_ps(x0, _mm512_permutexvar_ps(first, d), acc0);
-                if n == 3 {
-                    let x1 = _mm512_cvtepi32_ps(isum(i + 2, false));
-                    acc1 = _mm512_fmadd_ps(x1, _mm512_permutexvar_ps(second, d), acc1);
+                for r in 0..R {
+                    let (d, m) = scales(row(r), i, n);
+                    acc[r] = add(acc[r], isum(row(r), i, n >= 2), &d, 0, n >= 2);
+                    if n == 3 {
+                        acc[r] = add(acc[r], isum(row(r), i + 2, false), &d, 2, false);
+                    }
+                    if KIND == Kind::Min {
+                        for &m in &m[..n] {
+                            offsets[r] += m;
+                        }
+                    }
                 }
-                mins = _mm_add_ps(mins, m);
             }
-            let total = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-            if KIND == Kind::Min {
-                let m = _mm_add_ps(mins, _mm_movehl_ps(mins, mins));
-                total + _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)))
-            } else {
-                total
+            let mut out = [0f32; R];
+            for r in 0..R {
+                out[r] = super::ggml_avx2::hsum(acc[r]) + offsets[r];
             }
+            out
         }
     };
 }

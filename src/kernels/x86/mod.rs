@@ -6,6 +6,7 @@ pub(super) mod avx512;
 pub(super) mod ggml_avx2;
 pub(super) mod ggml_avx512;
 pub(super) mod ggml_avx512_b32;
+pub(super) mod ggml_avx512_k23;
 pub(super) mod q8_row;
 pub(super) mod vec;
 pub(super) mod vnni;
