@@ -236,6 +236,12 @@ proptest! {
             prop_assert_eq!(out[0].to_bits(), v.to_bits());
             prop_assert_eq!(out[1].to_bits(), k.ggml_dot(ty, &other, &acts).to_bits());
         }
+        // NEON, and AVX2 on Q2_K, Q3_K and IQ4_XS, form and add the
+        // reference's f32 terms in its order.
+        let low_bit = matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS);
+        for k in Kernels::available().iter().filter(|k| k.name == "neon" || (low_bit && k.name == "avx2")) {
+            prop_assert_eq!(k.ggml_dot(ty, &w, &acts).to_bits(), reference.to_bits(), "{} on {}", ty, k.name);
+        }
         // The x86 sets add a 32-column type's lanes in ggml's order: the
         // same bits, so the AVX-512 kernels reproduce llama.cpp's results.
         if ty.block_size() == 32 {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # GGUF fixtures of the MoE decoder families other than OLMoE, written by
 # llama.cpp's own converter and quantizer, and llama.cpp's outputs on them:
-# fixtures/gguf/families/{*.gguf, REF.json}, read by tests/gguf_families.rs.
+# fixtures/gguf/families/{*.gguf, REF.json}, read by tests/gguf_llama_cpp.rs.
 #
 # Pinned versions (the committed files were produced with exactly these):
 #   llama.cpp as vendored by llama-cpp-python 0.3.36 (libllama 0.5.0,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The NEON kernels' property tests (tests/kernels_prop.rs, and the attention
-# kernels' in tests/attention_kernels.rs) on aarch64, run
+# The NEON kernels' property tests (tests/kernels_prop.rs, the attention
+# kernels' in tests/attention_kernels.rs, the ggml block kernels' in
+# tests/ggml_kernels.rs) on aarch64, run
 # under qemu-user: cross-compiles with Debian's aarch64 gcc as the linker.
 # Installs what it needs (rustup target, gcc-aarch64-linux-gnu, qemu-user);
 # where that is impossible it says so and exits 0 without testing, so a
@@ -35,3 +36,4 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 cargo test --release --target "$target" -p colibri --test kernels_prop
 cargo test --release --target "$target" -p colibri --test attention_kernels
+cargo test --release --target "$target" -p colibri --test ggml_kernels

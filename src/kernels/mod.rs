@@ -27,6 +27,8 @@ pub mod scalar;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "aarch64")]
+mod neon_ggml;
+#[cfg(target_arch = "aarch64")]
 mod neon_vec;
 #[cfg(target_arch = "x86_64")]
 mod x86;

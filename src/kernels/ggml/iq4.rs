@@ -33,7 +33,7 @@ pub(super) fn dot_nl(b: &[u8], a: ActBlock<'_>) -> [f32; 2] {
 
 /// The scale of 32-column sub-block `ib` (0..8), minus 32.
 #[inline(always)]
-fn xs_scale(b: &[u8], ib: usize) -> i32 {
+pub(crate) fn xs_scale(b: &[u8], ib: usize) -> i32 {
     let h = u16::from_le_bytes([b[2], b[3]]);
     let l = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
     i32::from(l | ((((h >> (2 * ib)) & 3) as u8) << 4)) - 32
@@ -55,5 +55,5 @@ pub(super) fn dot_xs(b: &[u8], a: ActBlock<'_>) -> [f32; 2] {
     let s: i32 = (0..8)
         .map(|ib| xs_scale(b, ib) * isum32(&b[8 + 16 * ib..8 + 16 * ib + 16], &a.q[32 * ib..32 * ib + 32]))
         .sum();
-    [(f16_at(b, 0) * a.d) * s as f32, 0.0]
+    super::k_quants::k_terms(crate::gguf::GgmlType::IQ4_XS, b, s, a.d, a.bsums)
 }

@@ -15,6 +15,32 @@
 
 use super::ActBlock;
 use super::blocks::{f16_at, q3k_scales, scales_mins_k4};
+use crate::gguf::GgmlType;
+
+/// The f32 terms of super-block `b` of `ty` (a K-quant or IQ4_XS) from its
+/// exact integer sum `isum` (sub-block scales applied), the activation
+/// scale `d` and the activation's 16-column sums: the one place these
+/// terms are formed, so that the SIMD kernels that compute `isum` their own
+/// way give the reference's value bit for bit.
+pub(crate) fn k_terms(ty: GgmlType, b: &[u8], isum: i32, d: f32, bsums: &[i16]) -> [f32; 2] {
+    match ty {
+        GgmlType::Q2_K => {
+            let summs: i32 = (0..16).map(|j| i32::from(bsums[j]) * i32::from(b[j] >> 4)).sum();
+            let (dall, dmin) = (d * f16_at(b, 80), d * f16_at(b, 82));
+            [dall * isum as f32, -(dmin * summs as f32)]
+        }
+        GgmlType::Q3_K => [(f16_at(b, 108) * d) * isum as f32, 0.0],
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (_, m) = scales_mins_k4(&b[4..16]);
+            let summs: i32 = (0..16).map(|j| i32::from(bsums[j]) * i32::from(m[j / 2])).sum();
+            let (dd, dmin) = (f16_at(b, 0) * d, f16_at(b, 2) * d);
+            [dd * isum as f32, -(dmin * summs as f32)]
+        }
+        GgmlType::Q6_K => [(f16_at(b, 208) * d) * isum as f32, 0.0],
+        // IQ4_XS.
+        _ => [(f16_at(b, 0) * d) * isum as f32, 0.0],
+    }
+}
 
 /// Q2_K's 2-bit code of column `c` (0..256).
 #[inline(always)]
@@ -34,17 +60,13 @@ pub(super) fn dequant_q2_k(b: &[u8], out: &mut [f32]) {
 }
 
 pub(super) fn dot_q2_k(b: &[u8], a: ActBlock<'_>) -> [f32; 2] {
-    let summs: i32 = (0..16)
-        .map(|j| i32::from(a.bsums[j]) * i32::from(b[j] >> 4))
-        .sum();
     let isum: i32 = (0..16)
         .map(|k| {
             let s: i32 = (16 * k..16 * k + 16).map(|c| i32::from(a.q[c]) * q2(b, c)).sum();
             i32::from(b[k] & 0xF) * s
         })
         .sum();
-    let (dall, dmin) = (a.d * f16_at(b, 80), a.d * f16_at(b, 82));
-    [dall * isum as f32, -(dmin * summs as f32)]
+    k_terms(GgmlType::Q2_K, b, isum, a.d, a.bsums)
 }
 
 /// Q3_K's signed 3-bit value of column `c`.
@@ -73,7 +95,7 @@ pub(super) fn dot_q3_k(b: &[u8], a: ActBlock<'_>) -> [f32; 2] {
             i32::from(sc[k]) * s
         })
         .sum();
-    [(f16_at(b, 108) * a.d) * isum as f32, 0.0]
+    k_terms(GgmlType::Q3_K, b, isum, a.d, a.bsums)
 }
 
 /// Q4_K's (`hb` false) or Q5_K's code of column `c`: the nibble of
@@ -103,8 +125,7 @@ fn dequant_q45(b: &[u8], out: &mut [f32], q5: bool) {
 }
 
 fn dot_q45(b: &[u8], a: ActBlock<'_>, q5: bool) -> [f32; 2] {
-    let (sc, m) = scales_mins_k4(&b[4..16]);
-    let summs: i32 = (0..16).map(|j| i32::from(a.bsums[j]) * i32::from(m[j / 2])).sum();
+    let (sc, _) = scales_mins_k4(&b[4..16]);
     let isum: i32 = (0..8)
         .map(|k| {
             let s: i32 = (32 * k..32 * k + 32)
@@ -113,8 +134,8 @@ fn dot_q45(b: &[u8], a: ActBlock<'_>, q5: bool) -> [f32; 2] {
             i32::from(sc[k]) * s
         })
         .sum();
-    let (d, dmin) = (f16_at(b, 0) * a.d, f16_at(b, 2) * a.d);
-    [d * isum as f32, -(dmin * summs as f32)]
+    let ty = if q5 { GgmlType::Q5_K } else { GgmlType::Q4_K };
+    k_terms(ty, b, isum, a.d, a.bsums)
 }
 
 pub(super) fn dequant_q4_k(b: &[u8], out: &mut [f32]) {
@@ -158,5 +179,5 @@ pub(super) fn dot_q6_k(b: &[u8], a: ActBlock<'_>) -> [f32; 2] {
             i32::from(b[192 + k] as i8) * s
         })
         .sum();
-    [(f16_at(b, 208) * a.d) * isum as f32, 0.0]
+    k_terms(GgmlType::Q6_K, b, isum, a.d, a.bsums)
 }

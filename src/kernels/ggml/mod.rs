@@ -22,8 +22,8 @@
 mod acts;
 pub(crate) mod blocks;
 mod error;
-mod iq4;
-mod k_quants;
+pub(crate) mod iq4;
+pub(crate) mod k_quants;
 mod legacy;
 mod mxfp4;
 mod q8_0;
@@ -32,7 +32,7 @@ pub use acts::GgmlActs;
 pub use blocks::{QK, QK_K};
 pub use error::GgmlError;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use super::Isa;
 use super::Kernels;
 pub use crate::gguf::GgmlType;
@@ -201,6 +201,10 @@ impl Kernels {
                 return super::x86::ggml_avx2::has(ty);
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        if self.isa == Isa::Neon {
+            return super::neon_ggml::has(ty);
+        }
         let _ = ty;
         false
     }
@@ -272,6 +276,14 @@ impl Kernels {
                 if let Some(v) = unsafe { super::x86::ggml_avx2::dot(ty, row, acts) } {
                     return v;
                 }
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if self.isa == Isa::Neon {
+            // SAFETY: `Isa::Neon` is only built after detecting NEON;
+            // `check_acts` validated the row and activations.
+            if let Some(v) = unsafe { super::neon_ggml::dot(ty, row, acts) } {
+                return v;
             }
         }
         // Checked by the caller: the reference cannot fail here.

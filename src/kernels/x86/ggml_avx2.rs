@@ -10,9 +10,11 @@
 //! Signed weights go through the `abs(w)`, `sign(a, w)` identity. Lane sums
 //! are converted to f32 and multiply-added with the block's scale product
 //! into one accumulator (the K-quants first sum a whole super-block in
-//! integers); the mins terms of Q4_K/Q5_K go to a scalar f32 sum. So only
-//! the f32 rounding differs from the scalar reference, in an order fixed by
-//! the row length.
+//! integers); the mins terms of Q4_K/Q5_K go to a scalar f32 sum. For the
+//! 32-column types that is ggml's own order, lane for lane; for the
+//! K-quants only the f32 rounding differs from the scalar reference, in an
+//! order fixed by the row length. Q2_K, Q3_K and IQ4_XS are in
+//! [`super::ggml_avx2_k23`].
 
 use core::arch::x86_64::*;
 
@@ -25,7 +27,7 @@ pub(crate) fn has(ty: GgmlType) -> bool {
     use crate::gguf::GgmlType::*;
     matches!(
         ty,
-        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4 | Q4_K | Q5_K | Q6_K
+        Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4 | Q4_K | Q5_K | Q6_K | Q2_K | Q3_K | IQ4_XS
     )
 }
 
@@ -227,6 +229,8 @@ pub(crate) unsafe fn dot(ty: GgmlType, row: &[u8], acts: &GgmlActs) -> Option<f3
             }
             Some(hsum(acc) - mins)
         }
+        // SAFETY: forwarded from the caller.
+        Q2_K | Q3_K | IQ4_XS => Some(unsafe { super::ggml_avx2_k23::dot(ty, row, acts) }),
         _ => None,
     }
 }

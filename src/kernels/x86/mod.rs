@@ -4,6 +4,7 @@ pub(super) mod avx2;
 pub(super) mod avx2_q8;
 pub(super) mod avx512;
 pub(super) mod ggml_avx2;
+pub(super) mod ggml_avx2_k23;
 pub(super) mod ggml_avx512;
 pub(super) mod ggml_avx512_b32;
 pub(super) mod ggml_avx512_k23;
