@@ -22,12 +22,13 @@
 #              int4/int4) from the same checkpoint
 #   bench      both engines, 1 and 2 threads, rounds interleaved: a 16-token
 #              prompt + 32 greedy tokens, and forced replay of real text
-#   gguf       both engines on the same GGUF files (olmoe-q8_0.gguf and
-#              olmoe-q4_k_m.gguf, the latter made from the former by
-#              llama-quantize --allow-requantize), decode speed in RAM, coli
-#              straight from the file (`coli bench --model FILE.gguf`),
-#              llama.cpp through its llama-bench (tg32), 1 and 2 threads,
-#              rounds interleaved; needs the setup-server build dir
+#   gguf-files the three GGUF files of the gguf step (after make-hf)
+#   gguf       both engines on the same GGUF files (olmoe-q8_0.gguf from the
+#              converter, olmoe-q4_0.gguf and olmoe-q4_k_m.gguf requantized
+#              from it), coli straight from the file (`coli bench --model
+#              FILE.gguf`), llama.cpp through llama-cpp-python, 1 and 2
+#              threads, rounds interleaved: in RAM, or with --cgroup-gb
+#              (and --cold) in a memory cgroup on replayed text
 #   setup-avx2 a second libllama from the same sdist, built for AVX2 only
 #              (-DGGML_NATIVE=OFF, AVX512 and AVX-VNNI off), for `--isa avx2`:
 #              both engines then run AVX2 code on an AVX-512 machine (coli
@@ -1068,52 +1069,57 @@ def turns(a):
             print(f"| {name} | {threads} | {ratio:.2f} | {mss} |")
 
 
-def llama_tool(work, name):
-    """A binary of the setup-server build (llama-bench, llama-quantize),
-    built on first use."""
-    exe = work / "llama-server-build" / "bin" / name
-    if not exe.exists():
-        run([work / "venv" / "bin" / "cmake", "--build", work / "llama-server-build", "--target", name,
-             "-j", str(os.cpu_count() or 1)])
-    return exe
-
-
-def llama_bench_tg(a, exe, path, threads):
-    """llama-bench's tg speed (tokens/s) on `path`: NEW_TOKENS decoded one
-    at a time from an empty context, one repetition."""
-    r = subprocess.run([exe, "-m", path, "-t", str(threads), "-p", "0", "-n", str(NEW_TOKENS), "-r", "1",
-                        "-o", "json"], capture_output=True, text=True, env=llama_env(a))
-    if r.returncode != 0:
-        raise RuntimeError(f"llama-bench failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout)[0]["avg_ts"]
+def gguf_files(a):
+    """The GGUF files the `gguf` step compares on: Q8_0 by llama.cpp's
+    converter from the random checkpoint, Q4_0 and Q4_K_M requantized from
+    it by `llama_model_quantize` (the weights are random; only speed and
+    tokens are compared)."""
+    work, src = a.work, llama_src(a.work)
+    q8 = a.data / f"{a.family}-q8_0.gguf"
+    if not q8.exists():
+        wrapper = work / "convert_wrapper.py"
+        wrapper.write_text(CONVERT_WRAPPER)
+        tmp = Path(str(q8) + ".tmp")
+        extra = ["--no-mtp"] if a.family == "qwen35" else []
+        run([venv_python(work), wrapper, src, a.data / "hf", "--outtype", "q8_0", "--outfile", tmp, *extra])
+        tmp.rename(q8)
+    files = [q8]
+    for name, ftype in [("q4_0", "LLAMA_FTYPE_MOSTLY_Q4_0"), ("q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M")]:
+        dst = a.data / f"{a.family}-{name}.gguf"
+        if not dst.exists():
+            quantize(work, q8, dst, ftype)
+        files.append(dst)
+    return files
 
 
 def gguf(a):
-    """Decode in RAM on the same GGUF files: coli reading the file as it is
-    against llama.cpp's llama-bench (tg32: 32 tokens decoded one at a time)."""
-    q8 = a.work / "olmoe-q8_0.gguf"
-    q4km = a.work / "olmoe-q4_k_m.gguf"
-    if q8.exists() and not q4km.exists():
-        run([llama_tool(a.work, "llama-quantize"), "--allow-requantize", q8, q4km, "Q4_K_M"])
-    prompt, _ = prompt_and_replay()
-    bench_exe = llama_tool(a.work, "llama-bench")
+    """Decode on the same GGUF files: coli reading the file as it is
+    (`coli bench --model FILE.gguf`) against llama.cpp through
+    llama-cpp-python (the `bench` step's harness), rounds interleaved. In
+    RAM: the file read into the page cache before each engine's rounds, a
+    prompt then greedy tokens. With `--cgroup-gb`: both engines in a memory
+    cgroup of that size, cold (`--cold` drops the page cache before every
+    run), forced replay of real text so that routing is a real model's."""
+    files = gguf_files(a)
+    prompt, replay = prompt_and_replay()
+    forced = replay if a.cgroup_gb else None
     rows = []
-    for path in [q8, q4km]:
-        if not path.exists():
-            log(f"skip {path}: missing")
-            continue
-        warm_page_cache(path)
+    for path in files:
         for threads in a.threads:
+            if not a.cgroup_gb:
+                warm_page_cache(path)
             cs, ls = interleaved(
                 a,
-                lambda _: bench_coli(a, path, threads, prompt, None)[0],
-                lambda _: llama_bench_tg(a, bench_exe, path, threads),
+                lambda _: bench_coli(a, path, threads, prompt, forced)[0],
+                lambda _: bench_llama(a, path, threads, prompt, forced),
                 f"{path.name} t={threads}",
             )
             rows.append((path.name, threads, cs, ls))
+    where = f"{a.cgroup_gb} GiB memory cgroup{', cold' if a.cold else ''}, replayed text" if a.cgroup_gb else "in RAM"
     lines = [
-        f"gguf comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
-        f"coli flags: {a.coli_args or '(defaults)'}",
+        f"gguf comparison {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {where}, {a.rounds} rounds, "
+        f"{NEW_TOKENS} tokens, coli flags: {a.coli_args or '(defaults)'}",
+        f"llama.cpp: {llama_system_info(a)}",
         f"coli: {coli_kernels(a)}",
         "",
         "| file | threads | coli tok/s (median, range) | llama.cpp tok/s (median, range) | coli / llama.cpp |",
@@ -1157,9 +1163,10 @@ def main():
     a.data = a.work if a.family == "olmoe" else a.work / a.family
     a.data.mkdir(parents=True, exist_ok=True)
     steps = {"setup": setup, "setup-avx2": setup_avx2, "make-hf": make_hf, "convert": convert,
-             "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns, "long": long, "gguf": gguf}
+             "bench": bench, "prefill": prefill, "setup-server": setup_server, "turns": turns, "long": long, "gguf": gguf,
+             "gguf-files": gguf_files}
     if a.steps == "all":
-        todo = [s for s in steps if s not in ("setup-server", "turns", "long", "gguf") and (s != "setup-avx2" or a.isa == "avx2")]
+        todo = [s for s in steps if s not in ("setup-server", "turns", "long", "gguf", "gguf-files") and (s != "setup-avx2" or a.isa == "avx2")]
     else:
         todo = a.steps.split(",")
     for name in todo:
