@@ -491,10 +491,9 @@ sys.exit(llama_cpp.llama_model_quantize(b"{src}", b"{tmp}", p))
     tmp.rename(dst)
 
 
-def convert_q8(a):
-    """The Q8_0 GGUF and the int8 coli container, the pair `turns` compares."""
+def q8_gguf(a):
+    """The Q8_0 GGUF of the random checkpoint, by llama.cpp's converter."""
     work, src = a.work, llama_src(a.work)
-    hf = a.data / "hf"
     q8 = a.data / f"{a.family}-q8_0.gguf"
     if not q8.exists():
         wrapper = work / "convert_wrapper.py"
@@ -502,8 +501,15 @@ def convert_q8(a):
         tmp = Path(str(q8) + ".tmp")
         # The synthetic checkpoint has no MTP layer.
         extra = ["--no-mtp"] if a.family == "qwen35" else []
-        run([venv_python(work), wrapper, src, hf, "--outtype", "q8_0", "--outfile", tmp, *extra])
+        run([venv_python(work), wrapper, src, a.data / "hf", "--outtype", "q8_0", "--outfile", tmp, *extra])
         tmp.rename(q8)
+    return q8
+
+
+def convert_q8(a):
+    """The Q8_0 GGUF and the int8 coli container, the pair `turns` compares."""
+    q8_gguf(a)
+    hf = a.data / "hf"
     dst = a.data / "coli-int8"
     if not dst.exists():
         run([a.coli, "convert", "--input", hf, "--output", dst, "--experts", "int8", "--dense", "int8"])
@@ -1074,20 +1080,12 @@ def gguf_files(a):
     converter from the random checkpoint, Q4_0 and Q4_K_M requantized from
     it by `llama_model_quantize` (the weights are random; only speed and
     tokens are compared)."""
-    work, src = a.work, llama_src(a.work)
-    q8 = a.data / f"{a.family}-q8_0.gguf"
-    if not q8.exists():
-        wrapper = work / "convert_wrapper.py"
-        wrapper.write_text(CONVERT_WRAPPER)
-        tmp = Path(str(q8) + ".tmp")
-        extra = ["--no-mtp"] if a.family == "qwen35" else []
-        run([venv_python(work), wrapper, src, a.data / "hf", "--outtype", "q8_0", "--outfile", tmp, *extra])
-        tmp.rename(q8)
+    q8 = q8_gguf(a)
     files = [q8]
     for name, ftype in [("q4_0", "LLAMA_FTYPE_MOSTLY_Q4_0"), ("q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M")]:
         dst = a.data / f"{a.family}-{name}.gguf"
         if not dst.exists():
-            quantize(work, q8, dst, ftype)
+            quantize(a.work, q8, dst, ftype)
         files.append(dst)
     return files
 
