@@ -20,7 +20,7 @@ impl<'a> ArchKeys<'a> {
         Self { model, arch }
     }
 
-    fn key(&self, name: &str) -> String {
+    pub fn key(&self, name: &str) -> String {
         format!("{}.{name}", self.arch)
     }
 
@@ -58,6 +58,27 @@ impl<'a> ArchKeys<'a> {
     /// counts, the tied head (the absence of `output.weight`, as llama.cpp
     /// loads it) and the special token ids.
     pub fn decoder_config(&self, model_type: &str) -> Result<Map<String, Value>, GgufError> {
+        let mut c = self.base_config(model_type)?;
+        if let Some(d) = self.opt_count("attention.key_length")? {
+            if let Some(v) = self.opt_count("attention.value_length")?
+                && v != d
+            {
+                return Err(GgufError::Key {
+                    key: self.key("attention.value_length"),
+                    reason: format!(
+                        "is {v}, but the key length is {d}: colibri's attention needs them equal"
+                    ),
+                });
+            }
+            c.insert("head_dim".into(), json!(d));
+        }
+        Ok(c)
+    }
+
+    /// [`ArchKeys::decoder_config`] without the head size, for
+    /// architectures whose `key_length` / `value_length` mean something
+    /// else (MLA's latent widths).
+    pub fn base_config(&self, model_type: &str) -> Result<Map<String, Value>, GgufError> {
         let m = self.model.metadata();
         let vocab = match self.opt_count("vocab_size")? {
             Some(v) => v,
@@ -74,19 +95,6 @@ impl<'a> ArchKeys<'a> {
             "num_key_value_heads".into(),
             json!(self.opt_count("attention.head_count_kv")?.unwrap_or(heads)),
         );
-        if let Some(d) = self.opt_count("attention.key_length")? {
-            if let Some(v) = self.opt_count("attention.value_length")?
-                && v != d
-            {
-                return Err(GgufError::Key {
-                    key: self.key("attention.value_length"),
-                    reason: format!(
-                        "is {v}, but the key length is {d}: colibri's attention needs them equal"
-                    ),
-                });
-            }
-            c.insert("head_dim".into(), json!(d));
-        }
         c.insert(
             "max_position_embeddings".into(),
             json!(self.count("context_length")?),

@@ -205,6 +205,7 @@ impl Rope {
         for (i, &f) in self.inv_freq.iter().enumerate() {
             let angle = pos as f32 * f;
             let (s, c) = angle.sin_cos();
+            let (s, c) = (s * self.scale, c * self.scale);
             let (a, b) = (v[2 * i], v[2 * i + 1]);
             v[2 * i] = a * c - b * s;
             v[2 * i + 1] = b * c + a * s;

@@ -518,11 +518,37 @@ impl Checkpoint {
     /// tensor may be 2-D `[rows, bytes_per_row]` or 1-D; its byte count must
     /// match exactly one layout.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize, want: QFormat) -> Result<QMatrix, StError> {
+        self.matrix_shaped(name, &[rows, cols], rows, cols, want)
+    }
+
+    /// The 3-D float or ggml tensor `name` of shape `[stack, rows, cols]`
+    /// as one `[stack * rows, cols]` matrix: MLA's per-head `k_b` / `v_b`
+    /// projections as llama.cpp stores them, rows of consecutive heads
+    /// adjacent.
+    pub fn stacked_matrix(
+        &self,
+        name: &str,
+        stack: usize,
+        rows: usize,
+        cols: usize,
+        want: QFormat,
+    ) -> Result<QMatrix, StError> {
+        self.matrix_shaped(name, &[stack, rows, cols], stack * rows, cols, want)
+    }
+
+    fn matrix_shaped(
+        &self,
+        name: &str,
+        shape: &[usize],
+        rows: usize,
+        cols: usize,
+        want: QFormat,
+    ) -> Result<QMatrix, StError> {
         let parts = self.matrix_parts(name)?;
         let w = &parts.weight;
         let path = self.path_of(w);
         let shape_ok = match (&parts.scales, w.shape.as_slice()) {
-            (None, s) => s == [rows, cols],
+            (None, s) => s == shape,
             (Some(_), [_]) => true,
             (Some(_), [r, _]) => *r == rows,
             (Some(_), _) => false,
@@ -531,7 +557,7 @@ impl Checkpoint {
             let expected = if parts.scales.is_some() {
                 vec![rows, w.shape.last().copied().unwrap_or(0)]
             } else {
-                vec![rows, cols]
+                shape.to_vec()
             };
             return Err(StError::Shape {
                 path: path.to_path_buf(),

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::config::GlmConfig;
 use super::state::LayerCache;
-use super::weights::{IndexerWeights, MlaWeights};
+use super::weights::{IndexerWeights, KvProj, MlaWeights};
 use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace, top_k};
 
 /// Largest forward (in new tokens) computed in the absorbed form.
@@ -143,36 +143,48 @@ impl AttnCtx<'_> {
             }
         };
         let scale = cfg.softmax_scale();
-        let absorbed = match self.form {
-            Form::Auto => n <= ABSORB_MAX_TOKENS,
-            Form::Expanded => false,
-            Form::Absorbed => true,
+        let kvb = match &w.kv_b {
+            KvProj::Joint(m) => Some(m),
+            KvProj::PerHead { .. } => None,
         };
+        let absorbed = kvb.is_none()
+            || match self.form {
+                Form::Auto => n <= ABSORB_MAX_TOKENS,
+                Form::Expanded => false,
+                Form::Absorbed => true,
+            };
         let kvb_rows = nope + vd;
         let mut ctx = vec![0f32; n * heads * vd];
         if absorbed {
             // kv_b_proj is used in place: its K rows through a dequantized
             // row at a time, its V rows through the row kernel. Expanding it
             // to f32 here would cost `rows × kv_lora_rank × 4` bytes per
-            // layer and token (59 MB at GLM-5's shape).
-            let kvb = &w.kv_b;
+            // layer and token (59 MB at GLM-5's shape). The split form's
+            // per-head matrices are products of their own, the query and
+            // the latent context quantized as their types ask (llama.cpp's
+            // absorbed MLA).
             ctx.par_chunks_mut(vd).enumerate().for_each(|(i, out)| {
                 let (t, h) = (i / heads, i % heads);
                 let qh = &q[(t * heads + h) * qhd..(t * heads + h + 1) * qhd];
                 // q_abs = W_uk^T q_nope
                 let mut q_abs = vec![0f32; kvl];
-                let mut wrow = vec![0f32; kvl];
-                for (j, &qj) in qh[..nope].iter().enumerate() {
-                    let r = h * kvb_rows + j;
-                    let wk: &[f32] = match kvb.f32_data() {
-                        Some(d) => &d[r * kvl..(r + 1) * kvl],
-                        None => {
-                            kvb.dequantize_row(r, &mut wrow);
-                            &wrow
+                match &w.kv_b {
+                    KvProj::PerHead { k, .. } => k[h].matvec(&qh[..nope], &mut q_abs),
+                    KvProj::Joint(kvb) => {
+                        let mut wrow = vec![0f32; kvl];
+                        for (j, &qj) in qh[..nope].iter().enumerate() {
+                            let r = h * kvb_rows + j;
+                            let wk: &[f32] = match kvb.f32_data() {
+                                Some(d) => &d[r * kvl..(r + 1) * kvl],
+                                None => {
+                                    kvb.dequantize_row(r, &mut wrow);
+                                    &wrow
+                                }
+                            };
+                            for (a, &b) in q_abs.iter_mut().zip(wk) {
+                                *a += qj * b;
+                            }
                         }
-                    };
-                    for (a, &b) in q_abs.iter_mut().zip(wk) {
-                        *a += qj * b;
                     }
                 }
                 let keys = keys_of(t);
@@ -191,17 +203,22 @@ impl AttnCtx<'_> {
                         *c += a * x;
                     }
                 }
-                for (d, o) in out.iter_mut().enumerate() {
-                    let r = h * kvb_rows + nope + d;
-                    *o = match kvb.f32_data() {
-                        Some(wv) => dot(&wv[r * kvl..(r + 1) * kvl], &ctx_lat),
-                        None => kvb.row_dot(r, &ctx_lat),
-                    };
+                match &w.kv_b {
+                    KvProj::PerHead { v, .. } => v[h].matvec(&ctx_lat, out),
+                    KvProj::Joint(kvb) => {
+                        for (d, o) in out.iter_mut().enumerate() {
+                            let r = h * kvb_rows + nope + d;
+                            *o = match kvb.f32_data() {
+                                Some(wv) => dot(&wv[r * kvl..(r + 1) * kvl], &ctx_lat),
+                                None => kvb.row_dot(r, &ctx_lat),
+                            };
+                        }
+                    }
                 }
             });
-        } else {
+        } else if let Some(kvb) = kvb {
             let mut kv = vec![0f32; total * heads * kvb_rows];
-            w.kv_b.matmul(&latent, total, &mut kv);
+            kvb.matmul(&latent, total, &mut kv);
             ctx.par_chunks_mut(vd).enumerate().for_each(|(i, out)| {
                 let (t, h) = (i / heads, i % heads);
                 let qh = &q[(t * heads + h) * qhd..(t * heads + h + 1) * qhd];

@@ -11,6 +11,9 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::config::{COUNT_LIMIT, ConfigError, check_floats, check_products, read_json};
+use crate::model::moe_decoder::{RopeScaling, Yarn};
+use crate::model::moe_decoder::{check_scaling, parse_rope};
+use crate::model::ops::Rope;
 
 /// The `model_type`s this config describes.
 pub const MODEL_TYPES: [&str; 4] = ["glm_moe_dsa", "deepseek_v3", "glm4_moe_lite", "deepseek_v32"];
@@ -268,13 +271,33 @@ impl GlmConfig {
         {
             return bad("hidden_act", format!("{act:?} is not supported (silu only)"));
         }
-        if let Some(kind) = self.rope_kind()
-            && kind != "default"
-        {
-            return bad(
-                "rope_scaling",
-                crate::config::unsupported_rope(&kind, "default only"),
-            );
+        match (self.family(), self.rope_kind().as_deref()) {
+            (_, None | Some("default")) => {}
+            // DeepSeek-V3's YaRN (its RoPE and its softmax scale).
+            (MlaFamily::DeepseekV3, Some("yarn")) => {
+                let y = self.yarn_from(path)?;
+                if let Err(e) = check_scaling(&RopeScaling::Yarn(y), self.rope_theta()) {
+                    return bad("rope_scaling", e);
+                }
+                match self.mscale_all_dim() {
+                    Some(m) if !(m.is_finite() && m.abs() < 1e6) => {
+                        return bad("rope_scaling", format!("mscale_all_dim must be finite, got {m}"));
+                    }
+                    _ => {}
+                }
+            }
+            (MlaFamily::DeepseekV3, Some(kind)) => {
+                return bad(
+                    "rope_scaling",
+                    crate::config::unsupported_rope(kind, "default and yarn"),
+                );
+            }
+            (MlaFamily::GlmMoeDsa, Some(kind)) => {
+                return bad(
+                    "rope_scaling",
+                    crate::config::unsupported_rope(kind, "default only"),
+                );
+            }
         }
         check_floats(path, self.rms_norm_eps, self.rope_theta())?;
         let rsf = self.routed_scaling_factor;
@@ -392,10 +415,54 @@ impl GlmConfig {
         self.qk_nope_head_dim + self.qk_rope_head_dim
     }
 
-    /// Attention softmax scale: `qk_head_dim^-0.5` (rope types with mscale
-    /// are refused at validation, so no yarn correction applies).
+    /// Attention softmax scale: `qk_head_dim^-0.5`, times YaRN's
+    /// `mscale(factor, mscale_all_dim)` squared when the scaling names
+    /// `mscale_all_dim` (transformers' DeepseekV3Attention).
     pub fn softmax_scale(&self) -> f32 {
-        (self.q_head_dim() as f64).powf(-0.5) as f32
+        let base = (self.q_head_dim() as f64).powf(-0.5);
+        let m = match (self.yarn(), self.mscale_all_dim()) {
+            (Some(y), Some(all)) if all != 0.0 && y.factor > 1.0 => 0.1 * all * y.factor.ln() + 1.0,
+            _ => 1.0,
+        };
+        (base * m * m) as f32
+    }
+
+    /// The YaRN parameters (`None` without YaRN scaling), as transformers
+    /// reads them.
+    pub fn yarn(&self) -> Option<Yarn> {
+        self.yarn_from(Path::new("config.json")).ok()
+    }
+
+    fn yarn_from(&self, path: &Path) -> Result<Yarn, ConfigError> {
+        match parse_rope(path, self.rope_scaling.as_ref(), self.max_position_embeddings)? {
+            Some(RopeScaling::Yarn(y)) => Ok(y),
+            _ => Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field: "rope_scaling",
+                reason: "is not YaRN scaling".into(),
+            }),
+        }
+    }
+
+    fn mscale_all_dim(&self) -> Option<f64> {
+        self.rope_scaling.as_ref()?.get("mscale_all_dim")?.as_f64()
+    }
+
+    /// The rotary tables of the rope part of each head.
+    pub fn rope(&self) -> Rope {
+        match self.yarn() {
+            Some(y) => Rope::yarn(self.qk_rope_head_dim, self.rope_theta(), &y),
+            None => Rope::new(self.qk_rope_head_dim, self.rope_theta()),
+        }
+    }
+
+    /// The longest context: YaRN's `factor` times its original context
+    /// when that is more than `max_position_embeddings`.
+    pub fn position_limit(&self) -> usize {
+        match self.yarn() {
+            Some(y) => RopeScaling::Yarn(y).extended_positions(self.max_position_embeddings),
+            None => self.max_position_embeddings,
+        }
     }
 
     pub fn index_topk(&self) -> usize {

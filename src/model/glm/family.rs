@@ -49,6 +49,21 @@ impl Family for GlmFamily {
         Ok(Box::new(GlmConfig::from_json(path, value)?))
     }
 
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[super::gguf::ARCH]
+    }
+
+    fn gguf_config(
+        &self,
+        model: &crate::gguf::GgufModel,
+    ) -> Result<serde_json::Value, crate::gguf::GgufError> {
+        super::gguf::config_json(model)
+    }
+
+    fn gguf_checkpoint(&self, model: &crate::gguf::GgufModel) -> Result<Checkpoint, crate::gguf::GgufError> {
+        crate::gguf::checkpoint::checkpoint(model, super::gguf::NAMING)
+    }
+
     fn fuzz_seeds(&self) -> Vec<serde_json::Value> {
         let glm = serde_json::json!({
             "model_type": "glm_moe_dsa", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
@@ -83,6 +98,10 @@ impl FamilyConfig for GlmConfig {
 
     fn max_positions(&self) -> usize {
         self.max_position_embeddings
+    }
+
+    fn position_limit(&self) -> usize {
+        GlmConfig::position_limit(self)
     }
 
     fn shape(&self) -> ShapeFacts {

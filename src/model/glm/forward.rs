@@ -54,7 +54,7 @@ impl Glm {
         source: Arc<dyn ExpertSource<ExpertWeights>>,
         mtp_note: Option<String>,
     ) -> Self {
-        let rope = Rope::new(cfg.qk_rope_head_dim, cfg.rope_theta());
+        let rope = cfg.rope();
         Self {
             cfg,
             weights,

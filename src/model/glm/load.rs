@@ -8,7 +8,9 @@ use colibri_actors::{ExpertKey, ExpertMap};
 
 use super::config::GlmConfig;
 use super::config::{IndexerKind, MlaFamily};
-use super::weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights};
+use super::weights::{
+    DenseWeights, IndexerWeights, KvProj, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights,
+};
 use crate::model::ModelError;
 use crate::model::expert::{ExpertCodec, ExpertNaming, LayoutCollector, checkpoint_expert, load_swiglu};
 use crate::model::olmoe::LoadOptions;
@@ -68,6 +70,38 @@ fn f32_matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Q
     QMatrix::from_f32(rows, cols, ck.f32_tensor(name, &[rows, cols])?).map_err(|e| weights_err(name, e))
 }
 
+/// Layer `l`'s `kv_b_proj`, or llama.cpp's split `k_b_proj` / `v_b_proj`
+/// (a GGUF from a newer converter) cut into one matrix per head, rows
+/// copied as stored.
+fn kv_proj(cfg: &GlmConfig, ck: &Checkpoint, l: usize, dense: MatrixWant) -> Result<KvProj, ModelError> {
+    let heads = cfg.num_attention_heads;
+    let (nope, vd, kvl) = (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let joint = format!("model.layers.{l}.self_attn.kv_b_proj.weight");
+    let (k_name, v_name) = (
+        format!("model.layers.{l}.self_attn.k_b_proj.weight"),
+        format!("model.layers.{l}.self_attn.v_b_proj.weight"),
+    );
+    if ck.has(&joint) || !ck.has(&k_name) {
+        return Ok(KvProj::Joint(dense.load(ck, &joint, heads * (nope + vd), kvl)?));
+    }
+    let stacked = |name: &str, rows: usize, cols: usize| -> Result<Vec<QMatrix>, ModelError> {
+        let m = ck
+            .stacked_matrix(name, heads, rows, cols, dense.format)?
+            .with_int8_acts(dense.int8_acts);
+        (0..heads)
+            .map(|h| {
+                let idx: Vec<usize> = (h * rows..(h + 1) * rows).collect();
+                m.select_rows(&idx)
+                    .ok_or_else(|| weights_err(name, format!("head {h} is out of range")))
+            })
+            .collect()
+    };
+    Ok(KvProj::PerHead {
+        k: stacked(&k_name, kvl, nope)?,
+        v: stacked(&v_name, vd, kvl)?,
+    })
+}
+
 /// Loads decoder layer `l` (a main layer, or the MTP layer at `num_hidden_layers`).
 fn load_layer(
     cfg: &GlmConfig,
@@ -117,11 +151,7 @@ fn load_layer(
             h,
         )?,
         kv_a_norm: vec(n("self_attn.kv_a_layernorm.weight"), cfg.kv_lora_rank)?,
-        kv_b: mat(
-            n("self_attn.kv_b_proj.weight"),
-            heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
-            cfg.kv_lora_rank,
-        )?,
+        kv_b: kv_proj(cfg, ck, l, dense)?,
         o: mat(n("self_attn.o_proj.weight"), h, heads * cfg.v_head_dim)?,
         indexer,
     };

@@ -10,6 +10,7 @@ pub mod config;
 mod convert;
 mod family;
 mod forward;
+pub mod gguf;
 mod load;
 mod moe;
 mod predictor;
@@ -25,4 +26,6 @@ pub use load::{expert_map, load_dense, mtp_available, mtp_format};
 pub use moe::{Routing, route};
 pub use predictor::GlmPredictor;
 pub use state::{Dims, GlmState, LayerCache, MtpCache, Pending};
-pub use weights::{DenseWeights, IndexerWeights, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights};
+pub use weights::{
+    DenseWeights, IndexerWeights, KvProj, LayerWeights, MlaWeights, Mlp, MoeWeights, MtpWeights,
+};

@@ -17,11 +17,33 @@ pub struct MlaWeights {
     /// `kv_a_proj_with_mqa` `[kv_lora + rope, hidden]`.
     pub kv_a: QMatrix,
     pub kv_a_norm: Vec<f32>,
-    /// `kv_b_proj` `[heads * (nope + v), kv_lora]`: per head, `nope` K rows then `v` V rows.
-    pub kv_b: QMatrix,
+    /// The latent's up-projection to per-head keys and values.
+    pub kv_b: KvProj,
     /// `o_proj` `[hidden, heads * v]`.
     pub o: QMatrix,
     pub indexer: Option<IndexerWeights>,
+}
+
+/// How a layer's latent becomes per-head keys and values.
+#[derive(Debug)]
+pub enum KvProj {
+    /// `kv_b_proj` `[heads * (nope + v), kv_lora]`: per head, `nope` K rows
+    /// then `v` V rows (checkpoints, and GGUF files of older converters).
+    Joint(QMatrix),
+    /// llama.cpp's split form (`attn_k_b` / `attn_v_b`, newer converters):
+    /// per head, `k` `[kv_lora, nope]` (the K rows transposed, so the query
+    /// is folded into latent space by one product) and `v` `[v, kv_lora]`.
+    /// Always computed absorbed, as llama.cpp does.
+    PerHead { k: Vec<QMatrix>, v: Vec<QMatrix> },
+}
+
+impl KvProj {
+    pub fn resident_bytes(&self) -> usize {
+        match self {
+            Self::Joint(m) => m.resident_bytes(),
+            Self::PerHead { k, v } => k.iter().chain(v).map(QMatrix::resident_bytes).sum(),
+        }
+    }
 }
 
 /// The DSA lightning indexer of a "full" layer.

@@ -676,7 +676,7 @@ pub(crate) fn check_act(path: &Path, act: Option<&str>) -> Result<(), ConfigErro
 /// What [`MoeDecoderConfig::validate`] requires of a scaling: finite
 /// positive parameters, a factor of at least 1, and (YaRN) a theta above
 /// 1 and an original context in range.
-fn check_scaling(scaling: &RopeScaling, rope_theta: f64) -> Result<(), String> {
+pub(crate) fn check_scaling(scaling: &RopeScaling, rope_theta: f64) -> Result<(), String> {
     let positive = |v: f64, what: &str| {
         if v.is_finite() && v > 0.0 && v < 1e9 {
             Ok(())

@@ -25,7 +25,7 @@ pub mod synth;
 mod weights;
 
 pub use config::{DecoderKind, MoeDecoderConfig, RopeScaling, RouterChoice, Yarn};
-pub(crate) use config::{check_act, check_counts, parse_rope};
+pub(crate) use config::{check_act, check_counts, check_scaling, parse_rope};
 pub(crate) use family::{QWEN3_MIXTRAL, convert_spec};
 pub use forward::MoeDecoder;
 pub(crate) use forward::{Pass, run_pass};
