@@ -17,11 +17,12 @@
 
 use std::path::{Path, PathBuf};
 
-use colibri::engine::{Engine, EngineOptions};
+use colibri::engine::{Engine, EngineOptions, Placement};
 use colibri::gguf::build::GgufImage;
 use colibri::gguf::{GgufModel, Value as GValue};
 use colibri::model::kv_cache::{KvType, KvTypes};
 use colibri::model::lm::Logits;
+use colibri::quant::QFormat;
 use colibri::sampling::{Sampler, SamplingParams};
 use serde_json::Value;
 
@@ -400,4 +401,56 @@ fn metadata_colibri_cannot_honour_is_refused_by_name() {
         "deepseek2.rope.dimension_count",
         "48",
     );
+}
+
+/// `coli convert --input FILE.gguf` repacks either layout into a container
+/// that gives the file's logits bit for bit (the split projections are
+/// 3-D tensors copied as stored).
+#[test]
+fn every_deepseek2_file_converts_to_a_container_with_its_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = reference();
+    let run = |path: &Path| {
+        let mut engine = load(path);
+        let mut state = engine.model.new_state();
+        let tag = engine.next_tag();
+        engine
+            .model
+            .forward(&r.prompt, state.as_mut(), tag, Logits::All)
+            .expect("forward")
+    };
+    for (name, _) in &r.files {
+        let src = dir().join(name);
+        let out = tmp.path().join(name.trim_end_matches(".gguf"));
+        let report = colibri::convert::convert(&src, &out, QFormat::F32, QFormat::F32, None)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(report.experts > 0, "{name}");
+        assert_eq!(run(&out), run(&src), "{name}");
+    }
+}
+
+/// Streaming the experts from their slices of the file (a one-expert
+/// cache, O_DIRECT reads, the pilot guessing ahead) gives the tokens of the
+/// mapped run, in both layouts.
+#[test]
+fn streamed_experts_give_the_mapped_tokens() {
+    let r = reference();
+    for name in ["deepseek2-tiny-q4_0.gguf", "deepseek2-tiny-kvb-q8_0.gguf"] {
+        let path = dir().join(name);
+        let mapped = EngineOptions {
+            placement: Placement::Mapped,
+            ..exact()
+        };
+        let want = greedy(&mut Engine::load(&path, &mapped).expect("mapped"), &r.prompt, 16);
+        let streamed = EngineOptions {
+            placement: Placement::Streamed,
+            cache_cap: Some(1),
+            direct: true,
+            pilot: true,
+            ..exact()
+        };
+        let mut engine = Engine::load(&path, &streamed).expect("streamed");
+        assert_eq!(greedy(&mut engine, &r.prompt, 16), want, "{name} streamed");
+        assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
+    }
 }

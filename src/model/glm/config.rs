@@ -636,6 +636,34 @@ mod tests {
     }
 
     #[test]
+    fn deepseek_v3_reads_yarn_with_its_softmax_correction() {
+        let mut v = base();
+        v["model_type"] = "deepseek_v3".into();
+        v["max_position_embeddings"] = 163840.into();
+        v["rope_parameters"] = serde_json::json!({
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+            "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+            "mscale": 1.0, "mscale_all_dim": 1.0
+        });
+        let c = parse(v.clone()).unwrap();
+        let m = 0.1 * 40f64.ln() + 1.0;
+        let want = (12f64.powf(-0.5) * m * m) as f32;
+        assert_eq!(c.softmax_scale(), want);
+        // mscale == mscale_all_dim: the rotary tables are not scaled.
+        assert_eq!(c.rope().attention_scale(), 1.0);
+        assert_eq!(c.position_limit(), 163840);
+        // Without mscale_all_dim the softmax keeps its plain scale.
+        v["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .retain(|k, _| k != "mscale" && k != "mscale_all_dim");
+        let c = parse(v.clone()).unwrap();
+        assert_eq!(c.softmax_scale(), 12f32.powf(-0.5));
+        v["rope_parameters"]["factor"] = (-1.0).into();
+        assert!(parse(v).unwrap_err().to_string().contains("rope_scaling"));
+    }
+
+    #[test]
     fn every_number_is_range_checked() {
         for (field, val) in [
             ("routed_scaling_factor", serde_json::json!(-2.5)),
