@@ -268,6 +268,7 @@ fn the_config_is_the_checkpoints() {
         ("topk_group", serde_json::json!(1)),
         ("norm_topk_prob", serde_json::json!(true)),
         ("routed_scaling_factor", serde_json::json!(2.5)),
+        ("latent_norm_eps", serde_json::json!(1e-6)),
     ] {
         assert_eq!(c[field], want, "{field} in {c}");
     }
@@ -377,18 +378,6 @@ fn metadata_colibri_cannot_honour_is_refused_by_name() {
         "blk.1.indexer.proj.weight",
         "indexer",
     );
-    // Latent norms whose epsilon colibri does not use.
-    refused(
-        edited(
-            tmp.path(),
-            |i| {
-                i.kv("deepseek2.attention.layer_norm_rms_epsilon", GValue::F32(1e-5));
-            },
-            &["deepseek2.attention.layer_norm_rms_epsilon"],
-        ),
-        "deepseek2.attention.layer_norm_rms_epsilon",
-        "latents",
-    );
     // Head sizes that leave no room for the no-rope part.
     refused(
         edited(
@@ -453,4 +442,33 @@ fn streamed_experts_give_the_mapped_tokens() {
         assert_eq!(greedy(&mut engine, &r.prompt, 16), want, "{name} streamed");
         assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
     }
+}
+
+/// llama.cpp normalises the MLA latents with the model's epsilon
+/// (GLM-4.7-Flash's is 1e-5), and so does colibri on a GGUF.
+#[test]
+fn the_latent_norms_take_the_models_epsilon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = edited(
+        tmp.path(),
+        |i| {
+            i.kv("deepseek2.attention.layer_norm_rms_epsilon", GValue::F32(1e-5));
+        },
+        &["deepseek2.attention.layer_norm_rms_epsilon"],
+    );
+    let c = colibri::gguf::config::config_json(&GgufModel::open(&path).unwrap()).unwrap();
+    assert_eq!(c["latent_norm_eps"], serde_json::json!(1e-5), "{c}");
+    assert_eq!(c["rms_norm_eps"], serde_json::json!(1e-5), "{c}");
+    let r = reference();
+    let first = |p: &Path| {
+        let mut engine = load(p);
+        let mut state = engine.model.new_state();
+        let tag = engine.next_tag();
+        engine
+            .model
+            .forward(&r.prompt[..1], state.as_mut(), tag, Logits::All)
+            .expect("forward")
+    };
+    let d = max_abs_diff(&first(&path), &first(&dir().join("deepseek2-tiny-f32.gguf")));
+    assert!(d > 0.0 && d < 0.1, "another epsilon, nearly the same logits: {d}");
 }

@@ -22,9 +22,6 @@ use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace, top_k};
 /// Largest forward (in new tokens) computed in the absorbed form.
 pub const ABSORB_MAX_TOKENS: usize = 16;
 
-/// Epsilon of `q_a_layernorm` / `kv_a_layernorm` (constructed without an
-/// explicit eps in transformers, so the RMSNorm default).
-const LATENT_NORM_EPS: f32 = 1e-6;
 /// Epsilon of the indexer's key LayerNorm.
 const INDEX_NORM_EPS: f32 = 1e-6;
 
@@ -93,6 +90,7 @@ impl AttnCtx<'_> {
             cfg.kv_lora_rank,
         );
         let qhd = nope + rd;
+        let latent_eps = cfg.latent_norm_eps();
 
         // Queries (through the low-rank path when there is one).
         let q_resid = w.q_a.as_ref().map(|qa| {
@@ -100,7 +98,7 @@ impl AttnCtx<'_> {
             let mut r = vec![0f32; n * qr];
             qa.matmul(xn, n, &mut r);
             for row in r.chunks_mut(qr) {
-                rms_norm_inplace(row, &w.q_a_norm, LATENT_NORM_EPS);
+                rms_norm_inplace(row, &w.q_a_norm, latent_eps);
             }
             r
         });
@@ -118,7 +116,7 @@ impl AttnCtx<'_> {
         w.kv_a.matmul(xn, n, &mut ckv);
         for (t, row) in ckv.chunks_mut(kvl + rd).enumerate() {
             let (lat, kr) = row.split_at_mut(kvl);
-            rms_norm_inplace(lat, &w.kv_a_norm, LATENT_NORM_EPS);
+            rms_norm_inplace(lat, &w.kv_a_norm, latent_eps);
             self.rotate(kr, span.start + t);
             cache.latent.push_rows(lat, kvl);
             cache.k_rope.push_rows(kr, rd);

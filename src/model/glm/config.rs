@@ -116,6 +116,12 @@ pub struct GlmConfig {
     pub num_nextn_predict_layers: usize,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
+    /// Epsilon of the latent norms (`q_a_layernorm`, `kv_a_layernorm`).
+    /// Not a transformers field: its models build them with the RMSNorm
+    /// default (1e-6); a GGUF's config sets it to the model's epsilon,
+    /// which llama.cpp normalises the latents with.
+    #[serde(default)]
+    pub latent_norm_eps: Option<f64>,
 }
 
 fn one() -> usize {
@@ -300,6 +306,14 @@ impl GlmConfig {
             }
         }
         check_floats(path, self.rms_norm_eps, self.rope_theta())?;
+        if let Some(e) = self.latent_norm_eps
+            && !(e.is_finite() && e <= 1.0 && (e as f32) > 0.0)
+        {
+            return bad(
+                "latent_norm_eps",
+                format!("must be in (0, 1] and representable in f32, got {e}"),
+            );
+        }
         let rsf = self.routed_scaling_factor;
         if !(rsf.is_finite() && rsf > 0.0 && rsf <= 1e6) {
             return bad("routed_scaling_factor", format!("must be in (0, 1e6], got {rsf}"));
@@ -409,6 +423,12 @@ impl GlmConfig {
             }
         }
         Ok(())
+    }
+
+    /// Epsilon of the latent norms: transformers' RMSNorm default unless
+    /// the config names one.
+    pub fn latent_norm_eps(&self) -> f32 {
+        self.latent_norm_eps.unwrap_or(1e-6) as f32
     }
 
     pub fn q_head_dim(&self) -> usize {
@@ -672,6 +692,7 @@ mod tests {
             ("first_k_dense_replace", serde_json::json!(1u64 << 30)),
             ("index_topk_freq", serde_json::json!(1u64 << 30)),
             ("rms_norm_eps", serde_json::json!(1e-300)),
+            ("latent_norm_eps", serde_json::json!(0.0)),
             ("max_position_embeddings", serde_json::json!(0)),
             ("index_n_heads", serde_json::json!(0)),
         ] {

@@ -39,11 +39,6 @@ const GATING_SIGMOID: usize = 2;
 /// The converter's factor on `mscale_all_dim` in `yarn_log_multiplier`.
 const LOG_MUL_FACTOR: f64 = 0.1;
 
-/// Epsilon colibri's latent norms use (transformers builds `q_a_layernorm`
-/// and `kv_a_layernorm` with the RMSNorm default); llama.cpp uses the
-/// model's epsilon for them, so only files where the two agree are read.
-const LATENT_NORM_EPS: f64 = 1e-6;
-
 /// The MLA tensors, llama.cpp suffix → Hugging Face suffix (`k_b_proj` /
 /// `v_b_proj` are colibri's names for llama.cpp's split projection).
 pub const NAMING: GgufNaming = GgufNaming {
@@ -173,16 +168,11 @@ pub fn config_json(model: &GgufModel) -> Result<Value, GgufError> {
         json!(k.opt_count("expert_group_used_count")?.unwrap_or(1).max(1)),
     );
 
-    let eps = k.float("attention.layer_norm_rms_epsilon")?;
-    if (eps - LATENT_NORM_EPS).abs() > LATENT_NORM_EPS * 1e-3 {
-        return Err(bad(
-            "attention.layer_norm_rms_epsilon",
-            format!(
-                "is {eps}; llama.cpp normalises the MLA latents with it, colibri with {LATENT_NORM_EPS} \
-                 (transformers' DeepSeek-V3)"
-            ),
-        ));
-    }
+    // llama.cpp normalises the latents with the model's epsilon.
+    c.insert(
+        "latent_norm_eps".into(),
+        json!(k.float("attention.layer_norm_rms_epsilon")?),
+    );
     if let Some(scaling) = c.get_mut("rope_scaling") {
         yarn_mscale(&k, scaling)?;
     }
