@@ -6,7 +6,8 @@
 //!
 //! Seeds are tiny models of every architecture colibri reads from GGUF
 //! (OLMoE, Qwen3-MoE, GLM-4.x MoE with a dense layer, a shared expert and
-//! biases), Q8_0 matrices and F32 vectors, with a byte-level BPE
+//! biases, DeepSeek `deepseek2` with MLA's split projections and YaRN),
+//! Q8_0 matrices and F32 vectors, with a byte-level BPE
 //! vocabulary. Each check writes the mutant to a temporary file (the
 //! engine maps files), so this target runs far fewer inputs than the
 //! parser targets (tests/fuzz_parsers.rs).
@@ -227,11 +228,133 @@ fn model_seed(arch: &str, layers: u64, kv_heads: u64, dense_first: bool, glm: bo
     g.to_bytes()
 }
 
+/// A tiny DeepSeek-V3-shaped `deepseek2` model: q_lora, MLA with the split
+/// `attn_k_b` / `attn_v_b`, a dense first layer, a shared expert, a biased
+/// sigmoid router and YaRN scaling.
+fn deepseek2_seed() -> Vec<u8> {
+    const ARCH: &str = "deepseek2";
+    const HEADS: u64 = 2;
+    const Q_LORA: u64 = 32;
+    const KV_LORA: u64 = 32;
+    const NOPE: u64 = 32;
+    const ROPE: u64 = 16;
+    const V: u64 = 32;
+    let base = model_seed(ARCH, 2, 1, true, true);
+    let Ok(parsed) = crate::gguf::parse(&base) else {
+        return base;
+    };
+    let mut g = GgufImage::new();
+    let k = |s: &str| format!("{ARCH}.{s}");
+    for (key, v) in parsed.metadata.iter() {
+        let replaced = [
+            "attention.key_length",
+            "attention.value_length",
+            "attention.head_count",
+            "rope.dimension_count",
+        ];
+        if !replaced.iter().any(|r| key == k(r)) {
+            g.kv(key, v.clone());
+        }
+    }
+    g.kv(&k("attention.head_count"), Value::U32(HEADS as u32))
+        .kv(&k("attention.q_lora_rank"), Value::U32(Q_LORA as u32))
+        .kv(&k("attention.kv_lora_rank"), Value::U32(KV_LORA as u32))
+        .kv(&k("attention.key_length"), Value::U32((KV_LORA + ROPE) as u32))
+        .kv(&k("attention.value_length"), Value::U32(KV_LORA as u32))
+        .kv(&k("attention.key_length_mla"), Value::U32((NOPE + ROPE) as u32))
+        .kv(&k("attention.value_length_mla"), Value::U32(V as u32))
+        .kv(&k("rope.dimension_count"), Value::U32(ROPE as u32))
+        .kv(&k("expert_group_count"), Value::U32(2))
+        .kv(&k("expert_group_used_count"), Value::U32(1))
+        .kv(&k("rope.scaling.type"), Value::String("yarn".into()))
+        .kv(&k("rope.scaling.factor"), Value::F32(4.0))
+        .kv(&k("rope.scaling.original_context_length"), Value::U32(16))
+        .kv(&k("rope.scaling.yarn_log_multiplier"), Value::F32(0.1));
+    let h = HIDDEN;
+    for t in &parsed.tensors {
+        let name = t.name.as_str();
+        // model_seed's attention is replaced by MLA's.
+        if [
+            "attn_q.",
+            "attn_k.",
+            "attn_v.",
+            "attn_output.",
+            "attn_q_norm",
+            "attn_k_norm",
+        ]
+        .iter()
+        .any(|p| name.contains(p))
+        {
+            continue;
+        }
+        let Some(bytes) = base.get(t.data.start as usize..t.data.end as usize) else {
+            return base;
+        };
+        let name = name.replace("post_attention_norm", "ffn_norm");
+        g.tensor(&name, &t.dims, t.ggml_type, bytes);
+    }
+    for l in 0..2u64 {
+        let t = |s: &str| format!("blk.{l}.{s}");
+        let salt = 40 * (l + 1);
+        let qk = HEADS * (NOPE + ROPE);
+        g.tensor(
+            &t("attn_q_a.weight"),
+            &[h, Q_LORA],
+            GgmlType::Q8_0,
+            &q8(h * Q_LORA, salt),
+        )
+        .tensor(
+            &t("attn_q_a_norm.weight"),
+            &[Q_LORA],
+            GgmlType::F32,
+            &ones(Q_LORA),
+        )
+        .tensor(
+            &t("attn_q_b.weight"),
+            &[Q_LORA, qk],
+            GgmlType::Q8_0,
+            &q8(Q_LORA * qk, salt + 1),
+        )
+        .tensor(
+            &t("attn_kv_a_mqa.weight"),
+            &[h, KV_LORA + ROPE],
+            GgmlType::Q8_0,
+            &q8(h * (KV_LORA + ROPE), salt + 2),
+        )
+        .tensor(
+            &t("attn_kv_a_norm.weight"),
+            &[KV_LORA],
+            GgmlType::F32,
+            &ones(KV_LORA),
+        )
+        .tensor(
+            &t("attn_k_b.weight"),
+            &[NOPE, KV_LORA, HEADS],
+            GgmlType::Q8_0,
+            &q8(NOPE * KV_LORA * HEADS, salt + 3),
+        )
+        .tensor(
+            &t("attn_v_b.weight"),
+            &[KV_LORA, V, HEADS],
+            GgmlType::Q8_0,
+            &q8(KV_LORA * V * HEADS, salt + 4),
+        )
+        .tensor(
+            &t("attn_output.weight"),
+            &[HEADS * V, h],
+            GgmlType::Q8_0,
+            &q8(HEADS * V * h, salt + 5),
+        );
+    }
+    g.to_bytes()
+}
+
 pub(super) fn model_seeds() -> Vec<Vec<u8>> {
     vec![
         model_seed("olmoe", 2, 2, false, false),
         model_seed("qwen3moe", 2, 1, false, false),
         model_seed("glm4moe", 2, 1, true, true),
+        deepseek2_seed(),
     ]
 }
 
