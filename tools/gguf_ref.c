@@ -67,8 +67,11 @@ static bool router_cb(struct ggml_tensor *t, bool ask, void *ud) {
     /* the raw router logits, and, where the family adds a selection bias
      * (GLM-4.x, DeepSeek), the biased scores the choice is made on; the
      * smaller of the two gaps is kept */
-    const char *p = "ffn_moe_logits-", *pb = "ffn_moe_probs_biased-";
-    if (strncmp(t->name, p, strlen(p)) != 0 && strncmp(t->name, pb, strlen(pb)) != 0) return !ask;
+    /* gpt-oss adds a bias to the logits themselves (ffn_moe_logits_biased-L) */
+    const char *p = "ffn_moe_logits-", *pb = "ffn_moe_probs_biased-", *pl = "ffn_moe_logits_biased-";
+    if (strncmp(t->name, p, strlen(p)) != 0 && strncmp(t->name, pb, strlen(pb)) != 0 &&
+        strncmp(t->name, pl, strlen(pl)) != 0)
+        return !ask;
     if (ask) return true;
     const int ne = (int)t->ne[0], nt = (int)t->ne[1], k = router.k;
     if (t->type != GGML_TYPE_F32 || k < 1 || k >= ne || nt > N_CTX) return true;

@@ -66,6 +66,28 @@ pub fn checkpoint(model: &GgufModel, naming: GgufNaming) -> Result<Checkpoint, G
                         .map_err(in_file)?;
                 }
             }
+            Renamed::ExpertBiases { layer, which } => {
+                // [experts, len]: one vector per expert, contiguous.
+                let (n, len) = match info.dims.as_slice() {
+                    [len, n] if *n > 0 => (*n, *len),
+                    dims => {
+                        return Err(in_file(GgufError::tensor(
+                            &info.name,
+                            format!(
+                                "stacked expert biases need 2 dims with a non-zero expert count, found {dims:?}"
+                            ),
+                        )));
+                    }
+                };
+                let shape = shape_of(info, &[len])?;
+                let per = info.n_bytes() / n;
+                for e in 0..n {
+                    let name = experts.bias(layer, e as usize, which);
+                    let offset = info.data.start + e * per;
+                    insert(name, meta(info, shape.clone(), file, offset, per), &info.name)
+                        .map_err(in_file)?;
+                }
+            }
         }
     }
     let mut metadata = BTreeMap::new();

@@ -45,6 +45,9 @@ pub enum Renamed {
     /// Layer `layer`'s stacked routed experts of projection `which` (0
     /// gate, 1 up, 2 down), split into one tensor per expert.
     Experts { layer: usize, which: usize },
+    /// Layer `layer`'s stacked expert biases of projection `which` (gpt-oss),
+    /// split into one vector per expert.
+    ExpertBiases { layer: usize, which: usize },
     /// A tensor no loader reads (kept under its GGUF name).
     Unknown,
 }
@@ -87,6 +90,9 @@ pub fn rename(name: &str, naming: GgufNaming) -> Renamed {
         "ffn_gate_exps.weight" => Renamed::Experts { layer, which: 0 },
         "ffn_up_exps.weight" => Renamed::Experts { layer, which: 1 },
         "ffn_down_exps.weight" => Renamed::Experts { layer, which: 2 },
+        "ffn_gate_exps.bias" => Renamed::ExpertBiases { layer, which: 0 },
+        "ffn_up_exps.bias" => Renamed::ExpertBiases { layer, which: 1 },
+        "ffn_down_exps.bias" => Renamed::ExpertBiases { layer, which: 2 },
         _ => Renamed::Unknown,
     }
 }
@@ -111,6 +117,10 @@ mod tests {
             Renamed::Experts { layer: 0, which: 2 }
         );
         assert_eq!(n("output.weight"), Renamed::Tensor("lm_head.weight".into()));
+        assert_eq!(
+            n("blk.2.ffn_up_exps.bias"),
+            Renamed::ExpertBiases { layer: 2, which: 1 }
+        );
         assert_eq!(n("rope_freqs.weight"), Renamed::Unknown);
         assert_eq!(n("blk.x.attn_q.weight"), Renamed::Unknown);
         assert_eq!(

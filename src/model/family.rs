@@ -354,7 +354,7 @@ mod tests {
             }
         }
         let list = supported_gguf_architectures();
-        for a in ["olmoe", "qwen3moe", "glm4moe"] {
+        for a in ["olmoe", "qwen3moe", "glm4moe", "gpt-oss", "minimax-m2"] {
             assert!(list.split(", ").any(|x| x == a), "{a} missing from {list}");
         }
     }

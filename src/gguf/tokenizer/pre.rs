@@ -90,6 +90,9 @@ pub const PRE_TOKENIZERS: &[PreSpec] = &[
     },
     spec(&["chatglm-bpe"], LLAMA3),
     spec(&["gpt-4o"], O200K),
+    // MiniMax-M2's tokenizer.json splits with o200k's regex (llama.cpp's
+    // vocabulary code quotes it as the original), without ignore_merges.
+    spec(&["minimax-m2"], O200K),
     PreSpec {
         ignore_merges: true,
         add_bos: true,
@@ -137,5 +140,10 @@ mod tests {
         assert_eq!(names.len(), n, "a name twice");
         assert!(lookup("default").is_none(), "llama.cpp's fallback is refused");
         assert_eq!(lookup("llama3").map(|p| p.names[0]), Some("llama-bpe"));
+        let (minimax, o200k) = (lookup("minimax-m2"), lookup("gpt-4o"));
+        assert_eq!(
+            minimax.map(|p| (p.splits, p.ignore_merges, p.add_bos, p.nfc)),
+            o200k.map(|p| (p.splits, p.ignore_merges, p.add_bos, p.nfc))
+        );
     }
 }

@@ -13,6 +13,7 @@ use super::config::{DecoderKind, MoeDecoderConfig, RouterChoice, check_act, chec
 use crate::config::ConfigError;
 use crate::model::family::{Family, FamilyConfig};
 
+pub mod gguf;
 pub mod synth;
 
 /// `config.json` of a gpt-oss checkpoint (defaults are `GptOssConfig`'s).
@@ -186,6 +187,24 @@ impl Family for GptOss {
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {
         Ok(Box::new(from_json(path, value)?))
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[gguf::ARCH]
+    }
+
+    fn gguf_config(
+        &self,
+        model: &crate::gguf::GgufModel,
+    ) -> Result<serde_json::Value, crate::gguf::GgufError> {
+        gguf::config_json(model)
+    }
+
+    fn gguf_checkpoint(
+        &self,
+        model: &crate::gguf::GgufModel,
+    ) -> Result<crate::st::Checkpoint, crate::gguf::GgufError> {
+        crate::gguf::checkpoint::checkpoint(model, gguf::NAMING)
     }
 
     fn fuzz_seeds(&self) -> Vec<serde_json::Value> {
