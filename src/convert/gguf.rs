@@ -15,6 +15,7 @@ use std::path::Path;
 use super::plan::{self, InputTensor};
 use super::{CONVERT_PHASE, CheckpointInput, ContainerSpec, ConvertError, ConvertReport, write_container};
 use crate::engine::ModelFiles;
+use crate::gguf::checkpoint::ARCHITECTURE_KEY;
 use crate::gguf::{GgmlType, GgufModel, tokenizer_from_gguf};
 use crate::model::family::ModelConfig;
 use crate::progress::Progress;
@@ -52,6 +53,10 @@ pub fn convert_gguf(
         metadata.push((GGML_TYPES_KEY, encode(blocks.iter().copied())));
     }
     metadata.push(("source", "gguf".to_string()));
+    // Families whose converter rewrites tensors read them by this key.
+    if let Ok(arch) = model.architecture() {
+        metadata.push((ARCHITECTURE_KEY, arch.to_string()));
+    }
     let (experts_shown, dense_shown) = shown_formats(&inputs, &spec, experts, dense);
     let side_files =
         |tmp: &Path| -> Result<(), ConvertError> { write_side_files(&files, &model, &config, tmp) };

@@ -6,7 +6,8 @@
 //!
 //! Seeds are tiny models of every architecture colibri reads from GGUF
 //! (OLMoE, Qwen3-MoE, GLM-4.x MoE with a dense layer, a shared expert and
-//! biases, DeepSeek `deepseek2` with MLA's split projections and YaRN),
+//! biases, DeepSeek `deepseek2` with MLA's split projections and YaRN,
+//! Qwen3-Next and Qwen3.5 with a linear and a full-attention layer),
 //! Q8_0 matrices and F32 vectors, with a byte-level BPE
 //! vocabulary. Each check writes the mutant to a temporary file (the
 //! engine maps files), so this target runs far fewer inputs than the
@@ -349,12 +350,136 @@ fn deepseek2_seed() -> Vec<u8> {
     g.to_bytes()
 }
 
+/// A tiny hybrid model of `arch` (`qwen3next` or `qwen35moe`): layer 0
+/// Gated DeltaNet (one key head, two value heads), layer 1 gated full
+/// attention, both MoE with a gated shared expert, in the tensors llama.cpp's
+/// converter writes.
+fn hybrid_seed(arch: &str) -> Vec<u8> {
+    let mut g = GgufImage::new();
+    let k = |s: &str| format!("{arch}.{s}");
+    let strings = |v: &[&str]| Value::Array(Array::String(v.iter().map(|s| s.to_string()).collect()));
+    let (h, d, e) = (HIDDEN, HEAD_DIM, EXPERTS);
+    // Linear layer: 1 key head and 2 value heads of `d`.
+    let (conv, vdim) = (2 * d + 2 * d, 2 * d);
+    g.kv("general.architecture", Value::String(arch.into()))
+        .kv(&k("block_count"), Value::U32(2))
+        .kv(&k("context_length"), Value::U32(64))
+        .kv(&k("embedding_length"), Value::U32(h as u32))
+        .kv(&k("feed_forward_length"), Value::U32(FF as u32))
+        .kv(&k("expert_feed_forward_length"), Value::U32(FF as u32))
+        .kv(&k("expert_shared_feed_forward_length"), Value::U32(FF as u32))
+        .kv(&k("attention.head_count"), Value::U32(2))
+        .kv(&k("attention.head_count_kv"), Value::U32(1))
+        .kv(&k("attention.key_length"), Value::U32(d as u32))
+        .kv(&k("attention.value_length"), Value::U32(d as u32))
+        .kv(&k("rope.freq_base"), Value::F32(10_000.0))
+        .kv(&k("rope.dimension_count"), Value::U32(4))
+        .kv(&k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6))
+        .kv(&k("expert_count"), Value::U32(e as u32))
+        .kv(&k("expert_used_count"), Value::U32(2))
+        .kv(&k("ssm.conv_kernel"), Value::U32(4))
+        .kv(&k("ssm.state_size"), Value::U32(d as u32))
+        .kv(&k("ssm.group_count"), Value::U32(1))
+        .kv(&k("ssm.time_step_rank"), Value::U32(2))
+        .kv(&k("ssm.inner_size"), Value::U32(vdim as u32))
+        .kv(
+            &k("attention.recurrent_layers"),
+            Value::Array(Array::Bool(vec![true, false])),
+        )
+        .kv(&k("full_attention_interval"), Value::U32(2))
+        .kv("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .kv("tokenizer.ggml.pre", Value::String("qwen2".into()))
+        .kv(
+            "tokenizer.ggml.tokens",
+            strings(&["a", "b", "ab", "Ġ", "Ġab", "1", "c", "<|e|>"]),
+        )
+        .kv(
+            "tokenizer.ggml.token_type",
+            Value::Array(Array::I32(vec![1, 1, 1, 1, 1, 1, 1, 3])),
+        )
+        .kv("tokenizer.ggml.merges", strings(&["a b", "Ġ ab"]))
+        .kv("tokenizer.ggml.eos_token_id", Value::U32(7));
+    let q = |g: &mut GgufImage, name: String, cols: u64, rows: u64, salt: u64| {
+        g.tensor(&name, &[cols, rows], GgmlType::Q8_0, &q8(cols * rows, salt));
+    };
+    let f = |g: &mut GgufImage, name: String, n: u64, salt: u64| {
+        g.tensor(&name, &[n], GgmlType::F32, &f32s(n, salt));
+    };
+    q(&mut g, "token_embd.weight".into(), h, VOCAB, 1);
+    q(&mut g, "output.weight".into(), h, VOCAB, 2);
+    g.tensor("output_norm.weight", &[h], GgmlType::F32, &ones(h));
+    for l in 0..2u64 {
+        let t = |s: &str| format!("blk.{l}.{s}");
+        let salt = 10 * (l + 1);
+        g.tensor(&t("attn_norm.weight"), &[h], GgmlType::F32, &ones(h))
+            .tensor(&t("post_attention_norm.weight"), &[h], GgmlType::F32, &ones(h));
+        if l == 0 {
+            q(&mut g, t("attn_qkv.weight"), h, conv, salt);
+            q(&mut g, t("attn_gate.weight"), h, vdim, salt + 1);
+            if arch == "qwen35moe" {
+                q(&mut g, t("ssm_beta.weight"), h, 2, salt + 2);
+                q(&mut g, t("ssm_alpha.weight"), h, 2, salt + 3);
+            } else {
+                q(&mut g, t("ssm_ba.weight"), h, 4, salt + 2);
+            }
+            g.tensor(
+                &t("ssm_conv1d.weight"),
+                &[4, conv],
+                GgmlType::F32,
+                &f32s(4 * conv, salt),
+            );
+            f(&mut g, t("ssm_dt.bias"), 2, salt + 1);
+            f(&mut g, t("ssm_a"), 2, salt + 2);
+            g.tensor(&t("ssm_norm.weight"), &[d], GgmlType::F32, &ones(d));
+            q(&mut g, t("ssm_out.weight"), vdim, h, salt + 4);
+        } else {
+            q(&mut g, t("attn_q.weight"), h, 2 * 2 * d, salt);
+            q(&mut g, t("attn_k.weight"), h, d, salt + 1);
+            q(&mut g, t("attn_v.weight"), h, d, salt + 2);
+            q(&mut g, t("attn_output.weight"), 2 * d, h, salt + 3);
+            g.tensor(&t("attn_q_norm.weight"), &[d], GgmlType::F32, &ones(d))
+                .tensor(&t("attn_k_norm.weight"), &[d], GgmlType::F32, &ones(d));
+        }
+        g.tensor(
+            &t("ffn_gate_inp.weight"),
+            &[h, e],
+            GgmlType::F32,
+            &f32s(h * e, salt),
+        )
+        .tensor(
+            &t("ffn_gate_exps.weight"),
+            &[h, FF, e],
+            GgmlType::Q8_0,
+            &q8(h * FF * e, salt + 7),
+        )
+        .tensor(
+            &t("ffn_up_exps.weight"),
+            &[h, FF, e],
+            GgmlType::Q8_0,
+            &q8(h * FF * e, salt + 8),
+        )
+        .tensor(
+            &t("ffn_down_exps.weight"),
+            &[FF, h, e],
+            GgmlType::Q8_0,
+            &q8(FF * h * e, salt + 9),
+        );
+        q(&mut g, t("ffn_gate_shexp.weight"), h, FF, salt + 4);
+        q(&mut g, t("ffn_up_shexp.weight"), h, FF, salt + 5);
+        q(&mut g, t("ffn_down_shexp.weight"), FF, h, salt + 6);
+        f(&mut g, t("ffn_gate_inp_shexp.weight"), h, salt + 3);
+    }
+    g.to_bytes()
+}
+
 pub(super) fn model_seeds() -> Vec<Vec<u8>> {
     vec![
         model_seed("olmoe", 2, 2, false, false),
         model_seed("qwen3moe", 2, 1, false, false),
         model_seed("glm4moe", 2, 1, true, true),
         deepseek2_seed(),
+        hybrid_seed("qwen3next"),
+        hybrid_seed("qwen35moe"),
     ]
 }
 

@@ -38,6 +38,14 @@ pub fn qwen3_config_json(model: &GgufModel) -> Result<Value, GgufError> {
         });
     }
     let layers = k.count("block_count")?;
+    // Every block has tensors of its own; a larger count would be walked
+    // layer by layer below.
+    if layers > model.len() {
+        return Err(GgufError::Key {
+            key: format!("{QWEN3MOE}.block_count"),
+            reason: format!("is {layers}, more than the file's {} tensors", model.len()),
+        });
+    }
     let dense: Vec<usize> = (0..layers)
         .filter(|&l| !k.layer_has(l, "ffn_gate_inp.weight") && k.layer_has(l, "ffn_up.weight"))
         .collect();

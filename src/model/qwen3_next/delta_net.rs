@@ -99,7 +99,7 @@ pub fn forward(
             let (qs, rest) = row.split_at(nk * dk);
             let (ks, vs) = rest.split_at(nk * dk);
             for head in 0..nv {
-                let kh = head / r;
+                let kh = if w.tiled_heads { head % nk } else { head / r };
                 let qd = &mut q[(t * nv + head) * dk..(t * nv + head + 1) * dk];
                 qd.copy_from_slice(&qs[kh * dk..(kh + 1) * dk]);
                 l2_normalise(qd);

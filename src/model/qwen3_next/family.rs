@@ -15,6 +15,7 @@ use super::weights::load_weights;
 use crate::chat_template::ChatFormat;
 use crate::config::ConfigError;
 use crate::convert::{ConvertError, ModelSpec};
+use crate::gguf::{GgufError, GgufModel};
 use crate::model::ModelError;
 use crate::model::expert::ExpertCodec;
 use crate::model::family::{Family, FamilyConfig, FamilyLoad, ShapeFacts, start_dense_load};
@@ -55,6 +56,21 @@ impl Family for Qwen3NextFamily {
 
     fn parse(&self, path: &Path, value: serde_json::Value) -> Result<Box<dyn FamilyConfig>, ConfigError> {
         Ok(Box::new(Qwen3NextConfig::from_json(path, value)?))
+    }
+
+    fn gguf_architectures(&self) -> &'static [&'static str] {
+        &[super::gguf::QWEN3NEXT, super::gguf::QWEN35MOE]
+    }
+
+    fn gguf_config(&self, model: &GgufModel) -> Result<serde_json::Value, GgufError> {
+        match model.architecture()? {
+            super::gguf::QWEN35MOE => super::gguf::qwen35_config_json(model),
+            _ => super::gguf::config_json(model),
+        }
+    }
+
+    fn gguf_checkpoint(&self, model: &GgufModel) -> Result<Checkpoint, GgufError> {
+        crate::gguf::checkpoint::checkpoint(model, super::gguf::NAMING)
     }
 
     fn fuzz_seeds(&self) -> Vec<serde_json::Value> {

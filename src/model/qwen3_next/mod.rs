@@ -14,6 +14,7 @@ mod delta_net;
 pub mod delta_rule;
 mod family;
 pub mod forward;
+pub mod gguf;
 mod predictor;
 pub mod state;
 pub mod synth;

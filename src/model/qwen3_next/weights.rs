@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::config::{LayerKind, LinearShape, ProjLayout, Qwen3NextConfig};
+use super::gguf::Stored;
 use crate::model::ModelError;
 use crate::model::attention::{AttnBias, AttnWeights};
 use crate::model::expert::{ExpertWeights, load_swiglu};
@@ -34,6 +35,9 @@ pub struct LinearWeights {
     /// The gated RMSNorm's weight `[value_dim]`.
     pub norm: Vec<f32>,
     pub out: QMatrix,
+    /// Value head `j` reads key head `j % key_heads` (llama.cpp's Qwen3.5
+    /// order) rather than `j / (value_heads / key_heads)`.
+    pub tiled_heads: bool,
 }
 
 impl LinearWeights {
@@ -113,9 +117,25 @@ impl Weights {
     }
 }
 
-/// A zero-centred norm weight read as the `1 + w` it multiplies by.
-fn centred(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    Ok(ck.f32_tensor(name, &[n])?.into_iter().map(|w| 1.0 + w).collect())
+/// A zero-centred norm weight read as the `1 + w` it multiplies by
+/// (llama.cpp's converter stores that sum already).
+fn centred(ck: &Checkpoint, stored: Stored, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    let w = ck.f32_tensor(name, &[n])?;
+    Ok(match stored {
+        Stored::HuggingFace => w.into_iter().map(|w| 1.0 + w).collect(),
+        Stored::LlamaCpp | Stored::LlamaCppTiled => w,
+    })
+}
+
+/// The shared expert's gate `[1, hidden]`; llama.cpp reads it as a vector
+/// `[hidden]`, and a GGUF may store it either way.
+fn shared_gate(ck: &Checkpoint, name: &str, h: usize) -> Result<Vec<f32>, ModelError> {
+    let shape: &[usize] = if ck.info(name)?.shape.len() == 1 {
+        &[h]
+    } else {
+        &[1, h]
+    };
+    Ok(ck.f32_tensor(name, shape)?)
 }
 
 fn split(m: &QMatrix, rows: &[usize], name: &str) -> Result<QMatrix, ModelError> {
@@ -161,33 +181,44 @@ fn load_linear(
     let n = |rest: &str| format!("model.layers.{l}.linear_attn.{rest}");
     let conv_dim = s.conv_dim();
     let vdim = s.value_heads * s.value_dim;
-    let (qkv, z, b, a) = match cfg.proj {
-        ProjLayout::Split => (
+    let stored = Stored::of(ck);
+    let ((qkv_rows, z_rows), (b_rows, a_rows)) = interleaved_rows(&s);
+    // llama.cpp's converter splits Qwen3-Next's in_proj_qkvz into Qwen3.5's
+    // two matrices and keeps in_proj_ba as it is.
+    let (qkv, z) = if cfg.proj == ProjLayout::Split || stored.by_llama_cpp() {
+        (
             dense.load(ck, &n("in_proj_qkv.weight"), conv_dim, h)?,
             dense.load(ck, &n("in_proj_z.weight"), vdim, h)?,
+        )
+    } else {
+        let name = n("in_proj_qkvz.weight");
+        let qkvz = dense.load(ck, &name, conv_dim + vdim, h)?;
+        (split(&qkvz, &qkv_rows, &name)?, split(&qkvz, &z_rows, &name)?)
+    };
+    let (b, a) = match cfg.proj {
+        ProjLayout::Split => (
             dense.load(ck, &n("in_proj_b.weight"), s.value_heads, h)?,
             dense.load(ck, &n("in_proj_a.weight"), s.value_heads, h)?,
         ),
         ProjLayout::Interleaved => {
-            let ((qkv_rows, z_rows), (b_rows, a_rows)) = interleaved_rows(&s);
-            let name = n("in_proj_qkvz.weight");
-            let qkvz = dense.load(ck, &name, conv_dim + vdim, h)?;
-            let name_ba = n("in_proj_ba.weight");
-            let ba = dense.load(ck, &name_ba, 2 * s.value_heads, h)?;
-            (
-                split(&qkvz, &qkv_rows, &name)?,
-                split(&qkvz, &z_rows, &name)?,
-                split(&ba, &b_rows, &name_ba)?,
-                split(&ba, &a_rows, &name_ba)?,
-            )
+            let name = n("in_proj_ba.weight");
+            let ba = dense.load(ck, &name, 2 * s.value_heads, h)?;
+            (split(&ba, &b_rows, &name)?, split(&ba, &a_rows, &name)?)
         }
     };
-    let conv = ck.f32_tensor(&n("conv1d.weight"), &[conv_dim, 1, s.conv_kernel])?;
-    let neg_a = ck
-        .f32_tensor(&n("A_log"), &[s.value_heads])?
-        .into_iter()
-        .map(|x| -x.exp())
-        .collect();
+    let (conv, neg_a) = match stored {
+        Stored::HuggingFace => (
+            ck.f32_tensor(&n("conv1d.weight"), &[conv_dim, 1, s.conv_kernel])?,
+            ck.f32_tensor(&n("A_log"), &[s.value_heads])?
+                .into_iter()
+                .map(|x| -x.exp())
+                .collect(),
+        ),
+        Stored::LlamaCpp | Stored::LlamaCppTiled => (
+            ck.f32_tensor(&n("conv1d.weight"), &[conv_dim, s.conv_kernel])?,
+            ck.f32_tensor(&n("A"), &[s.value_heads])?,
+        ),
+    };
     Ok(LinearWeights {
         qkv,
         z,
@@ -198,6 +229,7 @@ fn load_linear(
         dt_bias: ck.f32_tensor(&n("dt_bias"), &[s.value_heads])?,
         norm: ck.f32_tensor(&n("norm.weight"), &[s.value_dim])?,
         out: dense.load(ck, &n("out_proj.weight"), h, vdim)?,
+        tiled_heads: stored.tiled_value_heads(),
     })
 }
 
@@ -213,6 +245,7 @@ fn load_full(
     let kv_dim = c.num_key_value_heads * hd;
     let dense = opts.dense();
     let n = |rest: &str| format!("model.layers.{l}.self_attn.{rest}");
+    let stored = Stored::of(ck);
     // Per head: its query rows, then its gate rows.
     let name = n("q_proj.weight");
     let qg = dense.load(ck, &name, 2 * q_dim, h)?;
@@ -227,8 +260,8 @@ fn load_full(
         k: dense.load(ck, &n("k_proj.weight"), kv_dim, h)?,
         v: dense.load(ck, &n("v_proj.weight"), kv_dim, h)?,
         o: dense.load(ck, &n("o_proj.weight"), h, q_dim)?,
-        q_norm: centred(ck, &n("q_norm.weight"), hd)?,
-        k_norm: centred(ck, &n("k_norm.weight"), hd)?,
+        q_norm: centred(ck, stored, &n("q_norm.weight"), hd)?,
+        k_norm: centred(ck, stored, &n("k_norm.weight"), hd)?,
         bias: AttnBias::default(),
         sinks: Vec::new(),
     })
@@ -243,6 +276,7 @@ pub fn load_weights(
     let c = &cfg.base;
     let h = c.hidden_size;
     let dense = opts.dense();
+    let stored = Stored::of(ck);
     let embed = Arc::new(dense.load(ck, "model.embed_tokens.weight", c.vocab_size, h)?);
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     for (l, kind) in cfg.layers.iter().enumerate() {
@@ -264,7 +298,7 @@ pub fn load_weights(
                     correction: Vec::new(),
                     shared: Some(shared),
                 },
-                ck.f32_tensor(&n("mlp.shared_expert_gate.weight"), &[1, h])?,
+                shared_gate(ck, &n("mlp.shared_expert_gate.weight"), h)?,
             )
         } else {
             (
@@ -273,14 +307,14 @@ pub fn load_weights(
             )
         };
         layers.push(Layer {
-            input_norm: centred(ck, &n("input_layernorm.weight"), h)?,
+            input_norm: centred(ck, stored, &n("input_layernorm.weight"), h)?,
             mixer,
-            post_norm: centred(ck, &n("post_attention_layernorm.weight"), h)?,
+            post_norm: centred(ck, stored, &n("post_attention_layernorm.weight"), h)?,
             ffn,
             shared_gate,
         });
     }
-    let final_norm = centred(ck, "model.norm.weight", h)?;
+    let final_norm = centred(ck, stored, "model.norm.weight", h)?;
     let lm_head = if c.tie_word_embeddings {
         embed.clone()
     } else if ck.has("lm_head.weight") {

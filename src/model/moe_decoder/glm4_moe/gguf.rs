@@ -135,7 +135,7 @@ pub fn config_json(model: &GgufModel) -> Result<Value, GgufError> {
 /// The `partial_rotary_factor` transformers turns back into `rotary` of
 /// `head_dim` dimensions (`int(head_dim * factor)`): the quotient, one
 /// step up where its rounding would truncate to one dimension less.
-fn rotary_factor(rotary: usize, head_dim: usize) -> f64 {
+pub(crate) fn rotary_factor(rotary: usize, head_dim: usize) -> f64 {
     let f = rotary as f64 / head_dim as f64;
     if (head_dim as f64 * f) as usize == rotary {
         f
