@@ -1098,7 +1098,7 @@ def gguf(a):
     prompt then greedy tokens. With `--cgroup-gb`: both engines in a memory
     cgroup of that size, cold (`--cold` drops the page cache before every
     run), forced replay of real text so that routing is a real model's."""
-    files = gguf_files(a)
+    files = [f for f in gguf_files(a) if not a.only or any(o in f.name for o in a.only.split(","))]
     prompt, replay = prompt_and_replay()
     forced = replay if a.cgroup_gb else None
     rows = []
@@ -1106,10 +1106,18 @@ def gguf(a):
         for threads in a.threads:
             if not a.cgroup_gb:
                 warm_page_cache(path)
+            def llama(_):
+                # A run the cgroup's OOM killer ends (llama.cpp's anonymous
+                # buffers do not fit) is a result, not a crash of the step.
+                try:
+                    return bench_llama(a, path, threads, prompt, forced)
+                except RuntimeError as e:
+                    log(f"llama.cpp on {path.name}: {str(e).strip()[:200]}")
+                    return float("nan")
             cs, ls = interleaved(
                 a,
                 lambda _: bench_coli(a, path, threads, prompt, forced)[0],
-                lambda _: bench_llama(a, path, threads, prompt, forced),
+                llama,
                 f"{path.name} t={threads}",
             )
             rows.append((path.name, threads, cs, ls))
@@ -1124,9 +1132,15 @@ def gguf(a):
         "|---|---|---|---|---|",
     ]
     for name, threads, cs, ls in rows:
-        c, l = statistics.median(cs), statistics.median(ls)
+        c = statistics.median(cs)
+        ok = [x for x in ls if x == x]
+        if not ok:
+            lines.append(f"| {name} | {threads} | {c:.2f} ({min(cs):.2f}-{max(cs):.2f}) | failed (every run) | - |")
+            continue
+        l = statistics.median(ok)
+        failed = f", {len(ls) - len(ok)} failed" if len(ok) < len(ls) else ""
         lines.append(f"| {name} | {threads} | {c:.2f} ({min(cs):.2f}-{max(cs):.2f}) | "
-                     f"{l:.2f} ({min(ls):.2f}-{max(ls):.2f}) | {c / l:.2f} |")
+                     f"{l:.2f} ({min(ok):.2f}-{max(ok):.2f}{failed}) | {c / l:.2f} |")
     print("\n".join(lines))
 
 
@@ -1144,7 +1158,8 @@ def main():
     ap.add_argument("--cgroup-gb", type=float, default=0, help="run each engine in a memory cgroup")
     ap.add_argument("--coli-args", default="", help="extra coli engine flags, e.g. --f32-acts")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every run (root)")
-    ap.add_argument("--only", default="", help="subset, e.g. int8:replay (weights:workload)")
+    ap.add_argument("--only", default="",
+                    help="subset, e.g. int8:replay (weights:workload); for gguf, file name parts: q4_0,q4_k_m")
     ap.add_argument("--turns", type=int, default=4, help="turns per conversation (the turns step)")
     ap.add_argument("--long-lens", type=lambda s: [int(x) for x in s.split(",")], default=[2048, 8192, 32768],
                     help="prompt lengths of the long step")
