@@ -15,6 +15,9 @@
 //! colibri is held to llama.cpp's one-token-per-call pass, the path it
 //! generates with.
 
+#[path = "support/gguf_ref.rs"]
+mod gguf_ref;
+
 use std::path::{Path, PathBuf};
 
 use colibri::engine::{Engine, EngineOptions, Placement};
@@ -23,7 +26,7 @@ use colibri::gguf::{GgufModel, Value as GValue};
 use colibri::model::kv_cache::{KvType, KvTypes};
 use colibri::model::lm::Logits;
 use colibri::quant::QFormat;
-use colibri::sampling::{Sampler, SamplingParams};
+use gguf_ref::*;
 use serde_json::Value;
 
 /// Largest |colibri − llama.cpp| of a logit at position 0 (no history:
@@ -72,22 +75,6 @@ struct Ref {
     files: Vec<(String, Value)>,
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|x| x.as_u64().expect("an id") as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("a number list")
-        .iter()
-        .map(|x| x.as_f64().expect("a number") as f32)
-        .collect()
-}
-
 fn reference() -> Ref {
     let path = dir().join("REF.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -117,17 +104,6 @@ fn load(path: &Path) -> Engine {
     Engine::load(path, &exact()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut session = engine.new_session();
-    let mut sampler = Sampler::new(SamplingParams::default());
-    let stops = std::mem::take(&mut engine.stop_ids);
-    let out = session
-        .generate(engine, prompt, n, &mut sampler, &mut |_| true)
-        .expect("generation");
-    engine.stop_ids = stops;
-    out.generated
-}
-
 /// Logits of every position, one token per forward call (llama.cpp's
 /// one-token pass; colibri's values do not depend on the split anyway).
 fn logits_one_by_one(engine: &mut Engine, ids: &[u32]) -> Vec<f32> {
@@ -143,21 +119,6 @@ fn logits_one_by_one(engine: &mut Engine, ids: &[u32]) -> Vec<f32> {
         );
     }
     out
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 #[test]

@@ -14,14 +14,15 @@
 //! and Q4_0. On each F32 file llama.cpp itself agrees with transformers on
 //! the checkpoint it was converted from (REF.json's cross_checks).
 
+#[path = "support/gguf_ref.rs"]
+mod gguf_ref;
+
 use std::path::{Path, PathBuf};
 
 use colibri::engine::{Engine, EngineOptions, Placement};
 use colibri::gguf::build::GgufImage;
 use colibri::gguf::{GgufModel, Value as V};
-use colibri::model::kv_cache::{KvType, KvTypes};
-use colibri::model::lm::Logits;
-use colibri::sampling::{Sampler, SamplingParams};
+use gguf_ref::*;
 use serde_json::Value;
 
 /// Largest |colibri − llama.cpp| of a logit at the first and last positions
@@ -68,22 +69,6 @@ struct Ref {
     files: serde_json::Map<String, Value>,
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|x| x.as_u64().expect("an id") as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("a number list")
-        .iter()
-        .map(|x| x.as_f64().expect("a number") as f32)
-        .collect()
-}
-
 fn reference() -> Ref {
     reference_of(GPT_OSS, GPT_OSS_FILES)
 }
@@ -101,53 +86,6 @@ fn reference_of(arch: &str, names: &[&str]) -> Ref {
         full: ids(&v["full_ids"]),
         files,
     }
-}
-
-/// llama.cpp's reference setting: F32 KV cache.
-fn exact() -> EngineOptions {
-    EngineOptions {
-        kv_types: KvTypes::both(KvType::F32),
-        ..EngineOptions::default()
-    }
-}
-
-fn load(path: &Path, opts: &EngineOptions) -> Engine {
-    Engine::load(path, opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut session = engine.new_session();
-    let mut sampler = Sampler::new(SamplingParams::default());
-    let stops = std::mem::take(&mut engine.stop_ids);
-    let out = session
-        .generate(engine, prompt, n, &mut sampler, &mut |_| true)
-        .expect("generation");
-    engine.stop_ids = stops;
-    out.generated
-}
-
-fn all_logits(engine: &mut Engine, ids: &[u32]) -> Vec<f32> {
-    let mut state = engine.model.new_state();
-    let tag = engine.next_tag();
-    engine
-        .model
-        .forward(ids, state.as_mut(), tag, Logits::All)
-        .expect("forward")
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 #[test]

@@ -14,14 +14,15 @@
 //! path: the bound below is the largest difference measured over the
 //! fixtures, rounded up to a power of ten.
 
+#[path = "support/gguf_ref.rs"]
+mod gguf_ref;
+
 use std::path::{Path, PathBuf};
 
 use colibri::engine::{Engine, EngineOptions, ModelFiles, Placement};
 use colibri::gguf::build::GgufImage;
 use colibri::gguf::{GgmlType, GgufModel};
-use colibri::model::kv_cache::{KvType, KvTypes};
-use colibri::model::lm::Logits;
-use colibri::sampling::{Sampler, SamplingParams};
+use gguf_ref::*;
 use serde_json::Value;
 
 /// Largest |colibri − llama.cpp| of a logit at position 0 of every file,
@@ -65,22 +66,6 @@ struct Ref {
     files: Vec<(String, Value)>,
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("an id list")
-        .iter()
-        .map(|x| x.as_u64().expect("an id") as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("a number list")
-        .iter()
-        .map(|x| x.as_f64().expect("a number") as f32)
-        .collect()
-}
-
 fn read_ref(dir: PathBuf, at_least: usize) -> Ref {
     let path = dir.join("REF.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -117,53 +102,6 @@ fn family_reference() -> Ref {
 
 fn every_reference() -> [Ref; 2] {
     [reference(), family_reference()]
-}
-
-/// llama.cpp's reference setting: F32 KV cache.
-fn exact() -> EngineOptions {
-    EngineOptions {
-        kv_types: KvTypes::both(KvType::F32),
-        ..EngineOptions::default()
-    }
-}
-
-fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut session = engine.new_session();
-    let mut sampler = Sampler::new(SamplingParams::default());
-    let stops = std::mem::take(&mut engine.stop_ids);
-    let out = session
-        .generate(engine, prompt, n, &mut sampler, &mut |_| true)
-        .expect("generation");
-    engine.stop_ids = stops;
-    out.generated
-}
-
-fn all_logits(engine: &mut Engine, ids: &[u32]) -> Vec<f32> {
-    let mut state = engine.model.new_state();
-    let tag = engine.next_tag();
-    engine
-        .model
-        .forward(ids, state.as_mut(), tag, Logits::All)
-        .expect("forward")
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
-fn load(path: &Path, opts: &EngineOptions) -> Engine {
-    Engine::load(path, opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
