@@ -63,6 +63,35 @@ fn q8(elems: u64, salt: u64) -> Vec<u8> {
 
 /// A tiny model of `arch`: `kv_heads` key/value heads of [`HEAD_DIM`],
 /// `dense_first` a dense FFN in layer 0, `glm` GLM's own tensors.
+/// A layer's router and stacked routed experts (`e` experts of `FF`
+/// columns over `h`), as every MoE seed lays them out.
+fn routed_experts(g: &mut GgufImage, t: &dyn Fn(&str) -> String, h: u64, e: u64, salt: u64) {
+    g.tensor(
+        &t("ffn_gate_inp.weight"),
+        &[h, e],
+        GgmlType::F32,
+        &f32s(h * e, salt),
+    )
+    .tensor(
+        &t("ffn_gate_exps.weight"),
+        &[h, FF, e],
+        GgmlType::Q8_0,
+        &q8(h * FF * e, salt + 7),
+    )
+    .tensor(
+        &t("ffn_up_exps.weight"),
+        &[h, FF, e],
+        GgmlType::Q8_0,
+        &q8(h * FF * e, salt + 8),
+    )
+    .tensor(
+        &t("ffn_down_exps.weight"),
+        &[FF, h, e],
+        GgmlType::Q8_0,
+        &q8(FF * h * e, salt + 9),
+    );
+}
+
 fn model_seed(arch: &str, layers: u64, kv_heads: u64, dense_first: bool, glm: bool) -> Vec<u8> {
     let mut g = GgufImage::new();
     let k = |s: &str| format!("{arch}.{s}");
@@ -180,30 +209,7 @@ fn model_seed(arch: &str, layers: u64, kv_heads: u64, dense_first: bool, glm: bo
             continue;
         }
         let e = EXPERTS;
-        g.tensor(
-            &t("ffn_gate_inp.weight"),
-            &[h, e],
-            GgmlType::F32,
-            &f32s(h * e, salt),
-        )
-        .tensor(
-            &t("ffn_gate_exps.weight"),
-            &[h, FF, e],
-            GgmlType::Q8_0,
-            &q8(h * FF * e, salt + 7),
-        )
-        .tensor(
-            &t("ffn_up_exps.weight"),
-            &[h, FF, e],
-            GgmlType::Q8_0,
-            &q8(h * FF * e, salt + 8),
-        )
-        .tensor(
-            &t("ffn_down_exps.weight"),
-            &[FF, h, e],
-            GgmlType::Q8_0,
-            &q8(FF * h * e, salt + 9),
-        );
+        routed_experts(&mut g, &t, h, e, salt);
         if glm {
             g.tensor(&t("exp_probs_b.bias"), &[e], GgmlType::F32, &f32s(e, salt))
                 .tensor(
@@ -440,30 +446,7 @@ fn hybrid_seed(arch: &str) -> Vec<u8> {
             g.tensor(&t("attn_q_norm.weight"), &[d], GgmlType::F32, &ones(d))
                 .tensor(&t("attn_k_norm.weight"), &[d], GgmlType::F32, &ones(d));
         }
-        g.tensor(
-            &t("ffn_gate_inp.weight"),
-            &[h, e],
-            GgmlType::F32,
-            &f32s(h * e, salt),
-        )
-        .tensor(
-            &t("ffn_gate_exps.weight"),
-            &[h, FF, e],
-            GgmlType::Q8_0,
-            &q8(h * FF * e, salt + 7),
-        )
-        .tensor(
-            &t("ffn_up_exps.weight"),
-            &[h, FF, e],
-            GgmlType::Q8_0,
-            &q8(h * FF * e, salt + 8),
-        )
-        .tensor(
-            &t("ffn_down_exps.weight"),
-            &[FF, h, e],
-            GgmlType::Q8_0,
-            &q8(FF * h * e, salt + 9),
-        );
+        routed_experts(&mut g, &t, h, e, salt);
         q(&mut g, t("ffn_gate_shexp.weight"), h, FF, salt + 4);
         q(&mut g, t("ffn_up_shexp.weight"), h, FF, salt + 5);
         q(&mut g, t("ffn_down_shexp.weight"), FF, h, salt + 6);
