@@ -294,16 +294,19 @@ pub(crate) unsafe fn dot_rows(
     if !has(ty) {
         return false;
     }
-    let mut quads = out.chunks_exact_mut(4);
     let mut r = 0;
-    for o in &mut quads {
-        // SAFETY: rows `r..r + 4` are whole rows of `bytes`; the rest is
-        // forwarded from the caller.
-        match unsafe { b32_rows::<4>(ty, bytes.as_ptr().wrapping_add(r * rb), rb, acts, vnni) } {
-            Some(v) => o.copy_from_slice(&v),
-            None => break,
+    // Four rows at a time where the type has a multi-row kernel (the
+    // 32-column types); the rest, and any remainder, row by row.
+    if ty.block_size() == 32 {
+        for o in out.chunks_exact_mut(4) {
+            // SAFETY: rows `r..r + 4` are whole rows of `bytes`; the rest
+            // is forwarded from the caller.
+            match unsafe { b32_rows::<4>(ty, bytes.as_ptr().wrapping_add(r * rb), rb, acts, vnni) } {
+                Some(v) => o.copy_from_slice(&v),
+                None => break,
+            }
+            r += 4;
         }
-        r += 4;
     }
     for (o, row) in out[r..].iter_mut().zip(bytes[r * rb..].chunks_exact(rb)) {
         // SAFETY: forwarded from the caller; `has(ty)` holds.
