@@ -172,3 +172,49 @@ fn a_declared_yarn_scaling_extends_what_ctx_may_ask_for() {
     assert_eq!(cells.len(), 12, "{p}");
     assert!(cells.iter().all(|c| c["ctx"].as_u64() == Some(4 * max)), "{p}");
 }
+
+/// `Session::feed` runs a prompt longer than `PREFILL_CHUNK` in pieces (so
+/// a long prompt does not hold every row's activations at once); the
+/// pieces give the logits and cache of one pass over the whole prompt, bit
+/// for bit.
+#[test]
+fn a_prompt_fed_in_pieces_equals_one_pass() {
+    use colibri::engine::{Engine, EngineOptions, PREFILL_CHUNK, Session};
+    use colibri::model::lm::Logits;
+
+    let tiny = repo().join("models/colibri-tiny");
+    let mut engine = Engine::load(&tiny, &EngineOptions::default()).expect("bundled model");
+    let n = PREFILL_CHUNK + PREFILL_CHUNK / 2 + 7;
+    assert!(n < engine.model.max_positions(), "the prompt fits the model");
+    let vocab = engine.model.vocab_size() as u32;
+    let prompt: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+
+    let mut pieces = Session::new(engine.model.new_state());
+    let a = pieces.feed(&mut engine, &prompt).expect("feed");
+    assert_eq!(pieces.tokens, prompt);
+    assert_eq!(pieces.kv.len(), n);
+
+    let mut whole = engine.model.new_state();
+    let tag = engine.next_tag();
+    let b = engine
+        .model
+        .forward(&prompt, whole.as_mut(), tag, Logits::Last)
+        .expect("one pass");
+    assert_eq!(a.len(), b.len());
+    let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same, "logits differ between pieces and one pass");
+
+    // And the cache the pieces left continues exactly like the other.
+    let tag = engine.next_tag();
+    let next = [prompt[0]];
+    let c = engine
+        .model
+        .forward(&next, pieces.kv.as_mut(), tag, Logits::Last)
+        .expect("continue pieces");
+    let tag = engine.next_tag();
+    let d = engine
+        .model
+        .forward(&next, whole.as_mut(), tag, Logits::Last)
+        .expect("continue one pass");
+    assert!(c.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()));
+}

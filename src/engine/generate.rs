@@ -8,6 +8,10 @@ use super::{Engine, EngineError};
 use crate::model::lm::{Logits, SequenceState};
 use crate::sampling::Sampler;
 
+/// Most prompt tokens one forward pass runs: the decode loop's default
+/// `prefill_chunk` too, so `coli run` and `coli serve` prefill alike.
+pub const PREFILL_CHUNK: usize = 512;
+
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
@@ -74,12 +78,33 @@ impl Session {
     }
 
     /// Runs `tokens` into the cache and returns the logits after the last one.
+    ///
+    /// A long prompt runs in pieces of [`PREFILL_CHUNK`] tokens: a forward
+    /// pass holds activations for every row it runs (queries, keys, values,
+    /// expert inputs and outputs), so one pass over a 32k-token prompt would
+    /// hold gigabytes that a 512-row piece does not, and a piece's rows stay
+    /// in the CPU caches between the layers. The pieces give the same
+    /// numbers as one pass: every row's arithmetic depends only on its own
+    /// position and the cache before it.
     pub fn feed(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let tag = engine.next_tag();
-        let logits = engine
-            .model
-            .forward(tokens, self.kv.as_mut(), tag, Logits::Last)?;
-        self.tokens.extend_from_slice(tokens);
+        let mut logits = Vec::new();
+        for piece in tokens.chunks(PREFILL_CHUNK) {
+            let tag = engine.next_tag();
+            let start = self.kv.len();
+            match engine.model.forward(piece, self.kv.as_mut(), tag, Logits::Last) {
+                Ok(l) => logits = l,
+                Err(e) => {
+                    // Earlier pieces are kept; the failed one may have left
+                    // partial positions. A recurrent state keeps only what
+                    // its last checkpoint restores, and `tokens` follows.
+                    let kept = self.kv.truncate(start);
+                    self.tokens.truncate(kept);
+                    self.last_logits = None;
+                    return Err(e.into());
+                }
+            }
+            self.tokens.extend_from_slice(piece);
+        }
         self.last_logits = Some(logits.clone());
         Ok(logits)
     }

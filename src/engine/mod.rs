@@ -13,7 +13,7 @@ pub mod usage;
 
 pub use model_files::{ModelFiles, ModelFilesError};
 
-pub use generate::{GenStats, Session, StopReason};
+pub use generate::{GenStats, PREFILL_CHUNK, Session, StopReason};
 pub use options::{DEFAULT_KV_TYPES, EngineOptions, Placement, PromptCacheSize};
 pub use slot_store::{RECORD_FORMAT_VERSION, SlotStore, kv_layout, state_layout};
 

@@ -65,7 +65,7 @@ impl Default for LoopConfig {
             slots: 1,
             max_ctx: 4096,
             queue_cap: 64,
-            prefill_chunk: 512,
+            prefill_chunk: crate::engine::PREFILL_CHUNK,
             threads: None,
             state_dir: None,
             draft: None,
