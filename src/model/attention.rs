@@ -122,8 +122,10 @@ struct BlockBuffers {
     /// A compact cache's key and value head slices of one tile, as f32.
     keys: Vec<f32>,
     vals: Vec<f32>,
-    /// One row's scores within one tile.
+    /// Every row's scores within one tile (`rows × tile` wide).
     scores: Vec<f32>,
+    /// Every row's visible keys within one tile, from the tile's start.
+    rel: Vec<(usize, usize)>,
     /// Per row: running maximum and running sum of the online softmax.
     max: Vec<f32>,
     sum: Vec<f32>,
@@ -135,8 +137,6 @@ struct BlockBuffers {
 struct Tile<'a> {
     data: &'a [f32],
     stride: usize,
-    base: usize,
-    hd: usize,
 }
 
 impl<'a> Tile<'a> {
@@ -154,8 +154,6 @@ impl<'a> Tile<'a> {
             KvRows::F32(v) => Tile {
                 data: &v[t0 * kv_dim + off..],
                 stride: kv_dim,
-                base: t0,
-                hd,
             },
             _ => {
                 buf.resize((t1 - t0) * hd, 0.0);
@@ -165,16 +163,9 @@ impl<'a> Tile<'a> {
                 Tile {
                     data: buf,
                     stride: hd,
-                    base: t0,
-                    hd,
                 }
             }
         }
-    }
-
-    fn row(&self, p: usize) -> &[f32] {
-        let at = (p - self.base) * self.stride;
-        &self.data[at..at + self.hd]
     }
 }
 
@@ -371,6 +362,7 @@ fn attend_block(
         keys: kbuf,
         vals: vbuf,
         scores,
+        rel,
         max,
         sum,
     } = buf;
@@ -387,47 +379,39 @@ fn attend_block(
         let t1 = ((tile + 1) * KEY_TILE).min(hi + 1);
         let kt = Tile::load(keys, t0, t1, kv_dim, off, hd, kbuf);
         let vt = Tile::load(vals, t0, t1, kv_dim, off, hd, vbuf);
-        for (r, o) in out.chunks_exact_mut(hd).enumerate() {
-            let (first, pos) = spans[r];
+        let nk = t1 - t0;
+        // Each row's visible keys within the tile, from the tile's start.
+        rel.clear();
+        rel.extend(spans.iter().map(|&(first, pos)| {
             let (a, b) = (t0.max(first), t1.min(pos + 1));
+            if a < b { (a - t0, b - t0) } else { (0, 0) }
+        }));
+        // Every row against every key of the tile (a row's keys outside its
+        // span are scored and then ignored), then per row the online
+        // softmax over its own span, then the weighted sums: per row the
+        // same dot products, rescaling and adds in the same order as one
+        // row at a time.
+        scores.resize(nr * nk, 0.0);
+        kern.dot_f32_grid(qs, kt.data, kt.stride, nk, scale, scores);
+        for (r, o) in out.chunks_exact_mut(hd).enumerate() {
+            let (a, b) = rel[r];
             if a >= b {
                 continue;
             }
-            // Four keys at a time, then the rest one by one: the same dot
-            // products and the same sequence of weighted adds either way
-            // (the x4 kernels equal four single calls bit for bit).
-            scores.clear();
-            let quads = (b - a) / 4 * 4;
-            for p in (a..a + quads).step_by(4) {
-                let k4 = [kt.row(p), kt.row(p + 1), kt.row(p + 2), kt.row(p + 3)];
-                scores.extend(kern.dot_f32_x4(qs[r], k4).map(|d| d * scale));
-            }
-            scores.extend((a + quads..b).map(|p| kern.dot_f32(qs[r], kt.row(p)) * scale));
-            let m = scores.iter().copied().fold(max[r], f32::max);
+            let row = &mut scores[r * nk + a..r * nk + b];
+            let m = row.iter().copied().fold(max[r], f32::max);
             if m > max[r] && max[r] > f32::NEG_INFINITY {
                 let alpha = (max[r] - m).exp();
                 sum[r] *= alpha;
                 o.iter_mut().for_each(|x| *x *= alpha);
             }
             max[r] = m;
-            for e in scores.iter_mut() {
+            for e in row.iter_mut() {
                 *e = (*e - m).exp();
                 sum[r] += *e;
             }
-            for (i, p) in (a..a + quads).step_by(4).enumerate() {
-                let w4 = [
-                    scores[4 * i],
-                    scores[4 * i + 1],
-                    scores[4 * i + 2],
-                    scores[4 * i + 3],
-                ];
-                let v4 = [vt.row(p), vt.row(p + 1), vt.row(p + 2), vt.row(p + 3)];
-                kern.axpy_x4(o, w4, v4);
-            }
-            for (p, &e) in (a + quads..b).zip(&scores[quads..]) {
-                kern.axpy(o, e, vt.row(p));
-            }
         }
+        kern.axpy_grid(&mut out, hd, scores, nk, rel, vt.data, vt.stride);
     }
     for (r, o) in out.chunks_exact_mut(hd).enumerate() {
         let inv = match sink {

@@ -1,5 +1,6 @@
 //! x86_64 SIMD kernels and CPU feature detection.
 
+pub(super) mod attn_tile;
 pub(super) mod avx2;
 pub(super) mod avx2_q8;
 pub(super) mod avx512;
