@@ -266,13 +266,28 @@ pub fn attend(
     // the weighted sums run on the SIMD kernels (`Kernels::dot_f32`,
     // `Kernels::axpy`), bit-identical to `ops::dot` and `o += w * v`, so the
     // kernel set does not change a token either.
+    //
+    // A work item takes `per` query heads of one KV group together (rows
+    // ordered row by row, each row's heads side by side), so the heads that
+    // share a KV head share each tile's keys and values: read, and for a
+    // compact cache converted, once for all of them. All `group` heads at
+    // once when that leaves the threads enough items, fewer when the step
+    // is small (a decode step has one row block per sequence). The heads
+    // of an item do not change any head's arithmetic.
+    let row_blocks: usize = seqs.iter().map(|(m, _)| m.div_ceil(ROW_BLOCK)).sum();
+    let want_items = 2 * rayon::current_num_threads();
+    let split = (1..=group)
+        .filter(|k| group % k == 0)
+        .find(|k| row_blocks * kv_heads * k >= want_items)
+        .unwrap_or(group);
+    let per = group / split;
     let mut blocks = Vec::new();
     let mut row0 = 0;
     for (s, (m, _)) in seqs.iter().enumerate() {
         for b0 in (0..*m).step_by(ROW_BLOCK) {
             let rows = row0 + b0..row0 + (*m).min(b0 + ROW_BLOCK);
-            for h in 0..heads {
-                blocks.push((s, h, rows.clone()));
+            for h0 in (0..heads).step_by(per) {
+                blocks.push((s, h0..h0 + per, rows.clone()));
             }
         }
         row0 += m;
@@ -281,43 +296,39 @@ pub fn attend(
     let outs: Vec<Vec<f32>> = blocks
         .par_iter()
         .map_init(
-            || (BlockBuffers::default(), Vec::new(), Vec::new()),
-            |(buf, spans, qs), (s, h, rows)| {
+            || (BlockBuffers::default(), Vec::new(), Vec::new(), Vec::new()),
+            |(buf, spans, qs, sinks), (s, hs, rows)| {
                 let (keys, vals) = caches[*s];
-                let h = *h;
                 // Reused per worker like `buf`: cleared and refilled per item.
                 spans.clear();
-                spans.extend(rows.clone().map(|t| {
-                    let pos = row_seq[t].1;
-                    (first_of(pos), pos)
-                }));
                 qs.clear();
-                qs.extend(
-                    rows.clone()
-                        .map(|t| &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]),
-                );
+                sinks.clear();
+                for t in rows.clone() {
+                    let pos = row_seq[t].1;
+                    for h in hs.clone() {
+                        spans.push((first_of(pos), pos));
+                        qs.push(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]);
+                        if let Some(&sk) = w.sinks.get(h) {
+                            sinks.push(sk);
+                        }
+                    }
+                }
                 let head = HeadView {
                     kv_dim,
-                    off: (h / group) * hd,
+                    off: (hs.start / group) * hd,
                     hd,
                 };
-                attend_block(
-                    &kern,
-                    qs,
-                    spans,
-                    (keys, vals),
-                    head,
-                    scale,
-                    w.sinks.get(h).copied(),
-                    buf,
-                )
+                attend_block(&kern, qs, spans, (keys, vals), head, scale, sinks, buf)
             },
         )
         .collect();
     let mut ctx = vec![0f32; n * q_dim];
-    for ((_, h, rows), out) in blocks.iter().zip(&outs) {
-        for (t, o) in rows.clone().zip(out.chunks_exact(hd)) {
-            ctx[t * q_dim + h * hd..t * q_dim + (h + 1) * hd].copy_from_slice(o);
+    for ((_, hs, rows), out) in blocks.iter().zip(&outs) {
+        let mut o = out.chunks_exact(hd);
+        for t in rows.clone() {
+            for (h, o) in hs.clone().zip(o.by_ref()) {
+                ctx[t * q_dim + h * hd..t * q_dim + (h + 1) * hd].copy_from_slice(o);
+            }
         }
     }
     if let Some(gate) = &w.gate {
@@ -341,11 +352,12 @@ struct HeadView {
     hd: usize,
 }
 
-/// One head's attention output for a block of rows of one sequence: row
-/// `r` has query `qs[r]` and sees keys `spans[r].0 ..= spans[r].1`, which
-/// rise with `r`. One pass over the keys and values in tiles with an
-/// online softmax (see `attend`); `sink` joins every row's softmax as one
-/// extra logit that takes no value.
+/// Attention output for a block of rows of one sequence against one KV
+/// head: row `r` (one query head at one position) has query `qs[r]` and
+/// sees keys `spans[r].0 ..= spans[r].1`. One pass over the keys and values
+/// in tiles with an online softmax (see `attend`); `sinks[r]`, when
+/// `sinks` is not empty, joins row `r`'s softmax as one extra logit that
+/// takes no value.
 #[allow(clippy::too_many_arguments)]
 fn attend_block(
     kern: &crate::kernels::Kernels,
@@ -354,7 +366,7 @@ fn attend_block(
     (keys, vals): (&KvRows, &KvRows),
     head: HeadView,
     scale: f32,
-    sink: Option<f32>,
+    sinks: &[f32],
     buf: &mut BlockBuffers,
 ) -> Vec<f32> {
     let HeadView { kv_dim, off, hd } = head;
@@ -414,7 +426,7 @@ fn attend_block(
         kern.axpy_grid(&mut out, hd, scores, nk, rel, vt.data, vt.stride);
     }
     for (r, o) in out.chunks_exact_mut(hd).enumerate() {
-        let inv = match sink {
+        let inv = match sinks.get(r).copied() {
             // The sink joins the maximum and the sum, then takes no value
             // (transformers' gpt-oss: concatenate, softmax, drop it).
             Some(sink) => {
@@ -558,6 +570,10 @@ mod tests {
             let one = pool(1).install(|| run(types));
             let two = pool(2).install(|| run(types));
             assert_eq!(one, two, "{t}");
+            // Eight threads split every KV group's heads into items of one
+            // head; one thread keeps a group's heads in one item.
+            let eight = pool(8).install(|| run(types));
+            assert_eq!(one, eight, "{t}");
         }
     }
 
@@ -630,7 +646,7 @@ mod tests {
                 (&keys, &vals),
                 head,
                 scale,
-                sink,
+                &sink.map_or(Vec::new(), |sk| vec![sk; rows]),
                 &mut BlockBuffers::default(),
             );
             let mut worst = 0f64;

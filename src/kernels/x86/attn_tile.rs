@@ -31,6 +31,7 @@ fn key(keys: &[f32], stride: usize, hd: usize, j: usize) -> &[f32] {
 /// Scores of `q[r]` against keys `j0..nk`, four keys at a time, into row
 /// `r` of `out` (`nk` wide), times `scale`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn row_rest(
     q: &[f32],
     keys: &[f32],
@@ -252,8 +253,8 @@ fn row_axpy(
         axpy4(o, [w[j], w[j + 1], w[j + 2], w[j + 3]], v4);
         j += 4;
     }
-    for j in j..b {
-        axpy(o, w[j], key(vals, stride, hd, j));
+    for (j, &wj) in w.iter().enumerate().take(b).skip(j) {
+        axpy(o, wj, key(vals, stride, hd, j));
     }
 }
 
