@@ -25,11 +25,6 @@ pub const BUF_ALIGN: usize = 4096;
 /// once when the `memset` faulted them in.
 const MAP_MIN: usize = 64 * 1024;
 
-/// Blocks at least this large ask for transparent huge pages: one fault
-/// per 2 MiB instead of 512.
-#[cfg(target_os = "linux")]
-const HUGE_PAGE: usize = 2 * 1024 * 1024;
-
 /// One aligned allocation; freed when dropped.
 struct Block {
     ptr: NonNull<u8>,
@@ -98,12 +93,6 @@ impl Block {
         };
         if raw == libc::MAP_FAILED {
             return None;
-        }
-        if cap >= HUGE_PAGE {
-            // SAFETY: advice on the mapping just created, which changes
-            // how its pages are backed, never their contents. Best effort:
-            // without THP the small pages serve.
-            unsafe { libc::madvise(raw, cap, libc::MADV_HUGEPAGE) };
         }
         NonNull::new(raw.cast()).map(|ptr| Self {
             ptr,
