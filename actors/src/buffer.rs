@@ -76,7 +76,9 @@ impl Block {
     }
 
     /// An anonymous private mapping of `cap` bytes, or `None` if the kernel
-    /// refuses (the heap is tried then).
+    /// refuses (out of mappings, `vm.max_map_count`: the heap serves then).
+    /// No `MADV_HUGEPAGE`: on the VM measured (benchmarks-glm.md, cold
+    /// start) huge pages made the kernel's clearing most of the CPU time.
     #[cfg(target_os = "linux")]
     fn map(cap: usize) -> Option<Self> {
         // SAFETY: a new anonymous private mapping: no file, no fixed
@@ -155,7 +157,8 @@ struct Home {
     stats: Arc<PoolStats>,
 }
 
-/// A heap buffer whose start is aligned to [`BUF_ALIGN`]. One taken from a
+/// A buffer (on the heap, or its own mapping when large) whose start is
+/// aligned to [`BUF_ALIGN`]. One taken from a
 /// [`BufPool`] goes back to it when dropped.
 pub struct AlignedBuf {
     /// Always `Some` until `drop` moves it out.

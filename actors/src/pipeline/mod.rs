@@ -46,9 +46,9 @@ pub fn idle_buffer_slots(io_workers: usize) -> usize {
 }
 
 /// Expert buffers a streamed pipeline may hold beyond its cache's byte
-/// budget: the pool's idle ones, one read in flight per worker, and the
+/// budget: the pool's idle ones, one read in flight per worker, the
 /// experts compute still holds after the cache evicted them (at most a
-/// layer's routed `top_k`). A memory plan reserves this many of the
+/// layer's routed `top_k`), and the prefaulter's reserve. A memory plan reserves this many of the
 /// largest expert outside the cache, so peak RSS stays within it even
 /// when one expert is tens of MB (GLM-5's are 21 MB).
 pub fn transient_expert_buffers(io_workers: usize, top_k: usize) -> usize {
