@@ -89,10 +89,10 @@ pub fn report(stats: &GenStats, before: &PipelineProfile, after: &PipelineProfil
             ),
         });
     }
-    if p.buffers_allocated + p.buffers_reused > 0 {
+    if p.buffers_allocated + p.buffers_reused + p.buffers_prefaulted > 0 {
         out.push_str(&format!(
-            "  read buffers: {} allocated, {} reused from evicted experts\n",
-            p.buffers_allocated, p.buffers_reused
+            "  read buffers: {} allocated on the read, {} faulted in ahead, {} reused from evicted experts\n",
+            p.buffers_allocated, p.buffers_prefaulted, p.buffers_reused
         ));
     }
     out

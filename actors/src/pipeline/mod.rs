@@ -23,7 +23,7 @@ pub use profile::PipelineProfile;
 use self::coordinator::{CoordFlags, Coordinator};
 use self::msg::{CoordMsg, Delivery, FetchMode};
 use self::profile::Counters;
-use crate::buffer::BufPool;
+use crate::buffer::{BufPool, PrefaultConfig, Prefaulter};
 use crate::cache::{CacheLimits, ExpertCache};
 use crate::error::SourceError;
 use crate::expert::{ExpertKey, ExpertMap};
@@ -46,13 +46,22 @@ pub fn idle_buffer_slots(io_workers: usize) -> usize {
 }
 
 /// Expert buffers a streamed pipeline may hold beyond its cache's byte
-/// budget: the pool's idle ones, one read in flight per worker, and the
+/// budget: the pool's idle ones, one read in flight per worker, the
 /// experts compute still holds after the cache evicted them (at most a
-/// layer's routed `top_k`). A memory plan reserves this many of the
+/// layer's routed `top_k`), and the prefaulter's reserve. A memory plan reserves this many of the
 /// largest expert outside the cache, so peak RSS stays within it even
 /// when one expert is tens of MB (GLM-5's are 21 MB).
 pub fn transient_expert_buffers(io_workers: usize, top_k: usize) -> usize {
-    idle_buffer_slots(io_workers) + io_workers.max(1) + top_k
+    idle_buffer_slots(io_workers) + io_workers.max(1) + top_k + prefault_reserve(io_workers)
+}
+
+/// Faulted-in buffers the prefaulter keeps ready while the cache fills:
+/// a read ahead for each worker and one more, so a worker that finishes a
+/// read finds the next buffer touched. Counted in
+/// [`transient_expert_buffers`]: the reserve may sit unused once the cache
+/// is full.
+pub fn prefault_reserve(io_workers: usize) -> usize {
+    io_workers.max(1) + 1
 }
 
 /// The streaming expert source; see the module docs.
@@ -71,6 +80,9 @@ pub struct PipelineSource<T> {
     storage_kind: &'static str,
     /// The read buffers' pool (its counts go into the profile).
     buffers: BufPool,
+    /// Faults the pool's buffers in ahead of the reads while the cache
+    /// fills; stopped and joined when the source drops.
+    _prefaulter: Prefaulter,
 }
 
 fn shutdown_err() -> SourceError {
@@ -107,7 +119,16 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         let counters = Arc::new(Counters::new(map.layers));
         let storage_kind = storage.kind();
         let experts = map.layers * map.experts_per_layer;
-        let buffers = BufPool::new(idle_buffer_slots(config.io_workers));
+        // The prefaulter stops at the cache's budget: from then on the reads
+        // land in buffers of evicted experts.
+        let (buffers, prefaulter) = BufPool::with_prefault(
+            idle_buffer_slots(config.io_workers),
+            PrefaultConfig {
+                reserve: prefault_reserve(config.io_workers),
+                limit_bytes: config.ram_budget_bytes.unwrap_or(u64::MAX),
+            },
+        )
+        .map_err(|e| SourceError::Shutdown(format!("cannot start the prefaulter: {e}")))?;
         let pool = IoPool::spawn(
             &IoPoolConfig {
                 workers: config.io_workers.max(1),
@@ -157,6 +178,7 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
             started: Instant::now(),
             storage_kind,
             buffers,
+            _prefaulter: prefaulter,
         };
         if let Some(pred) = predictor.clone().filter(|_| pilot_on && !me.config.pilot_thread) {
             me.inline_pilot = Some(pred);
@@ -185,7 +207,9 @@ impl<T: Send + Sync + 'static> PipelineSource<T> {
         p.cache_budget = self.config.ram_budget_bytes;
         p.storage = self.storage_kind;
         p.placement = "streamed";
-        (p.buffers_allocated, p.buffers_reused) = self.buffers.counts();
+        let pool = self.buffers.counts();
+        (p.buffers_allocated, p.buffers_reused, p.buffers_prefaulted) =
+            (pool.allocated, pool.reused, pool.prefaulted);
         p
     }
 

@@ -138,9 +138,11 @@ counters!(
     fetch_ns,
     wait_ns,
     sink_ns,
-    // Read buffers newly allocated, and reused from evicted experts.
+    // Read buffers newly allocated on the reading thread, reused from
+    // evicted experts, and taken already faulted in from the prefaulter.
     buffers_allocated,
     buffers_reused,
+    buffers_prefaulted,
     // Mapped placement: how long reading ahead and mapping the experts
     // took (0 while it runs).
     readahead_ns,
