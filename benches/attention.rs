@@ -3,7 +3,8 @@
 //! 8,192 cached positions, with an f32 and an f16 KV cache.
 //!
 //! The attention shape is OLMoE-1B-7B's (16 query heads and 16 KV heads of
-//! 128), but the model width feeding the q/k/v/o projections is kept at 64:
+//! 128), and, as `gqa`, Qwen3-30B-A3B's (32 query heads sharing 4 KV heads
+//! of 128, f16 cache only), but the model width feeding the q/k/v/o projections is kept at 64:
 //! the projections are matrix products the matvec bench measures, and at
 //! the real width (2,048) they would hide the part this bench is about,
 //! the scores, softmax and weighted sum over the past (which do not depend
@@ -24,9 +25,23 @@ use criterion::{Criterion, SamplingMode};
 use half::f16;
 
 const HIDDEN: usize = 64;
-const HEADS: usize = 16;
-const KV_HEADS: usize = 16;
 const HEAD_DIM: usize = 128;
+
+/// Query heads and KV heads of a case.
+#[derive(Clone, Copy)]
+struct Shape {
+    heads: usize,
+    kv_heads: usize,
+}
+
+const MHA: Shape = Shape {
+    heads: 16,
+    kv_heads: 16,
+};
+const GQA: Shape = Shape {
+    heads: 32,
+    kv_heads: 4,
+};
 
 /// Small deterministic generator of values in [-0.5, 0.5).
 struct Lcg(u64);
@@ -49,11 +64,12 @@ fn matrix(rng: &mut Lcg, rows: usize, cols: usize) -> QMatrix {
     }
 }
 
-fn block(rng: &mut Lcg) -> (AttnSpec, AttnWeights, Rope) {
+fn block(rng: &mut Lcg, shape: Shape) -> (AttnSpec, AttnWeights, Rope) {
+    let Shape { heads, kv_heads } = shape;
     let spec = AttnSpec {
         hidden: HIDDEN,
-        heads: HEADS,
-        kv_heads: KV_HEADS,
+        heads,
+        kv_heads,
         head_dim: HEAD_DIM,
         eps: 1e-5,
         qk_norm: QkNorm::None,
@@ -61,10 +77,10 @@ fn block(rng: &mut Lcg) -> (AttnSpec, AttnWeights, Rope) {
         window: None,
     };
     let w = AttnWeights {
-        q: matrix(rng, HEADS * HEAD_DIM, HIDDEN),
-        k: matrix(rng, KV_HEADS * HEAD_DIM, HIDDEN),
-        v: matrix(rng, KV_HEADS * HEAD_DIM, HIDDEN),
-        o: matrix(rng, HIDDEN, HEADS * HEAD_DIM),
+        q: matrix(rng, heads * HEAD_DIM, HIDDEN),
+        k: matrix(rng, kv_heads * HEAD_DIM, HIDDEN),
+        v: matrix(rng, kv_heads * HEAD_DIM, HIDDEN),
+        o: matrix(rng, HIDDEN, heads * HEAD_DIM),
         q_norm: Vec::new(),
         k_norm: Vec::new(),
         bias: AttnBias::default(),
@@ -75,8 +91,8 @@ fn block(rng: &mut Lcg) -> (AttnSpec, AttnWeights, Rope) {
 }
 
 /// A one-layer cache of `t` holding `past` positions of random keys and values.
-fn cache(rng: &mut Lcg, t: KvType, past: usize) -> KvCache {
-    let d = KV_HEADS * HEAD_DIM;
+fn cache(rng: &mut Lcg, t: KvType, past: usize, shape: Shape) -> KvCache {
+    let d = shape.kv_heads * HEAD_DIM;
     let mut kv = KvCache::with_types(1, d, KvTypes::both(t));
     let mut rec = Vec::with_capacity(kv.record_bytes());
     for _ in 0..past {
@@ -97,13 +113,18 @@ fn cache(rng: &mut Lcg, t: KvType, past: usize) -> KvCache {
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     let mut rng = Lcg(0x9e37_79b9_7f4a_7c15);
-    let (spec, w, rope) = block(&mut rng);
     let xs: Vec<f32> = (0..32 * HIDDEN).map(|_| rng.next()).collect();
     eprintln!("attention bench: kernels {}", colibri::kernels::dispatch().name);
-    for t in [KvType::F32, KvType::F16] {
+    let cases = [
+        ("", MHA, KvType::F32),
+        ("", MHA, KvType::F16),
+        ("gqa/", GQA, KvType::F16),
+    ];
+    for (label, shape, t) in cases {
+        let (spec, w, rope) = block(&mut rng, shape);
         for past in [2048usize, 8192] {
-            let mut kv = cache(&mut rng, t, past);
-            let mut group = c.benchmark_group(format!("attend/{t}/{past}"));
+            let mut kv = cache(&mut rng, t, past, shape);
+            let mut group = c.benchmark_group(format!("attend/{label}{t}/{past}"));
             group
                 .sampling_mode(SamplingMode::Flat)
                 .sample_size(10)

@@ -139,7 +139,8 @@ proptest! {
     /// A block of query rows against a tile of keys at a stride: every
     /// score equals `ops::dot` times the scale, for row counts and key
     /// counts that are and are not multiples of 4 and heads with and
-    /// without a remainder of 16.
+    /// without a remainder of 16, into rows `ld >= nk` apart (what lies
+    /// between them is left alone).
     #[test]
     fn grid_scores_are_bit_identical_to_single_dots(
         (nr, hd, nk, pad, q, keys, scale) in (0usize..10, 1usize..150, 0usize..12, 0usize..5).prop_flat_map(|(nr, hd, nk, pad)| (
@@ -150,50 +151,53 @@ proptest! {
         ))
     ) {
         let stride = hd + pad;
+        let ld = nk + pad % 3;
         let rows: Vec<&[f32]> = q.iter().map(Vec::as_slice).collect();
-        let mut want = vec![0u32; nr * nk];
+        let mut want = vec![f32::NAN.to_bits(); nr * ld];
         for r in 0..nr {
             for j in 0..nk {
-                want[r * nk + j] = (dot(&q[r], &keys[j * stride..j * stride + hd]) * scale).to_bits();
+                want[r * ld + j] = (dot(&q[r], &keys[j * stride..j * stride + hd]) * scale).to_bits();
             }
         }
         for k in Kernels::available() {
-            let mut got = vec![f32::NAN; nr * nk];
-            k.dot_f32_grid(&rows, &keys, stride, nk, scale, &mut got);
+            let mut got = vec![f32::NAN; nr * ld];
+            k.dot_f32_grid(&rows, &keys, stride, nk, scale, &mut got, ld);
             prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.clone(), "{}: {}x{} by {}", k.name, nr, hd, nk);
         }
     }
 
     /// Weighted sums of a tile of values for a block of rows, each over its
     /// own span of keys (mostly one shared span, as in a causal block, so
-    /// the four-row path runs, with some rows differing): per element the
-    /// rounded multiply then add of every key in order.
+    /// the four-row path runs, with some rows differing), the weights in
+    /// rows `ld >= nk` apart: per element the rounded multiply then add of
+    /// every key in order.
     #[test]
     fn grid_weighted_sums_equal_axpys_in_order(
         (nr, hd, nk, pad, o, w, vals, common, own) in (0usize..10, 1usize..100, 0usize..12, 0usize..5).prop_flat_map(|(nr, hd, nk, pad)| (
             Just(nr), Just(hd), Just(nk), Just(pad),
             prop::collection::vec(value(), nr * hd),
-            prop::collection::vec(value(), nr * nk),
+            prop::collection::vec(value(), nr * (nk + pad % 3)),
             prop::collection::vec(value(), nk * (hd + pad)),
             (0..=nk, 0..=nk),
             prop::collection::vec(prop::option::weighted(0.2, (0..=nk, 0..=nk)), nr),
         ))
     ) {
         let stride = hd + pad;
+        let ld = nk + pad % 3;
         let order = |(a, b): (usize, usize)| (a.min(b), a.max(b));
         let spans: Vec<(usize, usize)> = own.iter().map(|s| order(s.unwrap_or(common))).collect();
         let mut want = o.clone();
         for (r, &(a, b)) in spans.iter().enumerate() {
             for j in a..b {
                 for i in 0..hd {
-                    want[r * hd + i] += w[r * nk + j] * vals[j * stride + i];
+                    want[r * hd + i] += w[r * ld + j] * vals[j * stride + i];
                 }
             }
         }
         let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
         for k in Kernels::available() {
             let mut got = o.clone();
-            k.axpy_grid(&mut got, hd, &w, nk, &spans, &vals, stride);
+            k.axpy_grid(&mut got, hd, &w, ld, nk, &spans, &vals, stride);
             prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.clone(), "{}: {}x{} by {}", k.name, nr, hd, nk);
         }
     }

@@ -549,13 +549,14 @@ impl Kernels {
     }
 
     /// Attention scores of a block of query rows against one tile of keys:
-    /// `out[r * nk + j] = dot_f32(q[r], key j) * scale`, where key `j` is
+    /// `out[r * ld + j] = dot_f32(q[r], key j) * scale` for `j < nk`, where key `j` is
     /// the `hd = q[r].len()` values at `keys[j * stride..]`, bit for bit
     /// (every score is [`Self::dot_f32`]'s, times `scale`). One call per
     /// tile rather than per four keys; AVX-512 computes 4 × 4 scores per
     /// pass over the head (each query and key chunk loaded once for four
     /// products) and reduces the sixteen lane sets together, in
     /// [`crate::model::ops::dot`]'s tree.
+    #[allow(clippy::too_many_arguments)]
     pub fn dot_f32_grid(
         &self,
         q: &[&[f32]],
@@ -564,41 +565,43 @@ impl Kernels {
         nk: usize,
         scale: f32,
         out: &mut [f32],
+        ld: usize,
     ) {
         let hd = q.first().map_or(0, |r| r.len());
         assert!(
             q.iter().all(|r| r.len() == hd)
+                && ld >= nk
                 && (nk == 0 || (stride >= hd && keys.len() >= (nk - 1) * stride + hd))
-                && out.len() >= q.len() * nk,
-            "dot_f32_grid: {} rows of {hd}, {nk} keys at stride {stride} in {} values, {} outputs",
+                && (q.is_empty() || out.len() >= (q.len() - 1) * ld + nk),
+            "dot_f32_grid: {} rows of {hd}, {nk} keys at stride {stride} in {} values, {} outputs {ld} apart",
             q.len(),
             keys.len(),
             out.len()
         );
-        if nk == 0 {
+        if nk == 0 || q.is_empty() {
             return;
         }
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` is only built after detecting AVX2; the
             // lengths are checked above.
-            Isa::Avx2 => unsafe { x86::attn_tile::dot_grid_avx2(q, keys, stride, nk, scale, out) },
+            Isa::Avx2 => unsafe { x86::attn_tile::dot_grid_avx2(q, keys, stride, nk, scale, out, ld) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F
             // and AVX2; the lengths are checked above.
-            Isa::Avx512 => unsafe { x86::attn_tile::dot_grid_avx512(q, keys, stride, nk, scale, out) },
+            Isa::Avx512 => unsafe { x86::attn_tile::dot_grid_avx512(q, keys, stride, nk, scale, out, ld) },
             _ => {
                 for (r, qr) in q.iter().enumerate() {
                     let mut j = 0;
                     while j + 4 <= nk {
                         let k4 = [0, 1, 2, 3].map(|i| &keys[(j + i) * stride..(j + i) * stride + hd]);
                         for (i, d) in self.dot_f32_x4(qr, k4).into_iter().enumerate() {
-                            out[r * nk + j + i] = d * scale;
+                            out[r * ld + j + i] = d * scale;
                         }
                         j += 4;
                     }
                     for j in j..nk {
-                        out[r * nk + j] = self.dot_f32(qr, &keys[j * stride..j * stride + hd]) * scale;
+                        out[r * ld + j] = self.dot_f32(qr, &keys[j * stride..j * stride + hd]) * scale;
                     }
                 }
             }
@@ -606,7 +609,7 @@ impl Kernels {
     }
 
     /// Attention's weighted sums over one tile of values for a block of
-    /// rows: row `r` of `out` (`hd` wide) gets `w[r * nk + j] · value j`
+    /// rows: row `r` of `out` (`hd` wide) gets `w[r * ld + j] · value j`
     /// added for `j` in `spans[r].0..spans[r].1`, in the order of `j`, bit
     /// for bit as [`Self::axpy`] one key after another (value `j` is the
     /// `hd` values at `vals[j * stride..]`). AVX-512 runs four rows with the
@@ -617,6 +620,7 @@ impl Kernels {
         out: &mut [f32],
         hd: usize,
         w: &[f32],
+        ld: usize,
         nk: usize,
         spans: &[(usize, usize)],
         vals: &[f32],
@@ -625,7 +629,8 @@ impl Kernels {
         let nr = spans.len();
         assert!(
             out.len() == nr * hd
-                && w.len() >= nr * nk
+                && ld >= nk
+                && (nr == 0 || w.len() >= (nr - 1) * ld + nk)
                 && spans.iter().all(|&(a, b)| a <= b && b <= nk)
                 && (nk == 0 || (stride >= hd && vals.len() >= (nk - 1) * stride + hd)),
             "axpy_grid: {} outputs for {nr} rows of {hd}, {} weights for {nk} keys, {} values at stride {stride}",
@@ -640,22 +645,24 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` is only built after detecting AVX2; the
             // lengths are checked above.
-            Isa::Avx2 => unsafe { x86::attn_tile::axpy_grid_avx2(out, hd, w, nk, spans, vals, stride) },
+            Isa::Avx2 => unsafe { x86::attn_tile::axpy_grid_avx2(out, hd, w, ld, nk, spans, vals, stride) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx512` is only built after detecting AVX-512F
             // and AVX2; the lengths are checked above.
-            Isa::Avx512 => unsafe { x86::attn_tile::axpy_grid_avx512(out, hd, w, nk, spans, vals, stride) },
+            Isa::Avx512 => unsafe {
+                x86::attn_tile::axpy_grid_avx512(out, hd, w, ld, nk, spans, vals, stride)
+            },
             _ => {
                 for (r, (o, &(a, b))) in out.chunks_exact_mut(hd).zip(spans).enumerate() {
                     let mut j = a;
                     while j + 4 <= b {
                         let v4 = [0, 1, 2, 3].map(|i| &vals[(j + i) * stride..(j + i) * stride + hd]);
-                        let w4 = [0, 1, 2, 3].map(|i| w[r * nk + j + i]);
+                        let w4 = [0, 1, 2, 3].map(|i| w[r * ld + j + i]);
                         self.axpy_x4(o, w4, v4);
                         j += 4;
                     }
                     for j in j..b {
-                        self.axpy(o, w[r * nk + j], &vals[j * stride..j * stride + hd]);
+                        self.axpy(o, w[r * ld + j], &vals[j * stride..j * stride + hd]);
                     }
                 }
             }

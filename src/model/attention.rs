@@ -389,8 +389,6 @@ fn attend_block(
     for tile in lo / KEY_TILE..=hi / KEY_TILE {
         let t0 = (tile * KEY_TILE).max(lo);
         let t1 = ((tile + 1) * KEY_TILE).min(hi + 1);
-        let kt = Tile::load(keys, t0, t1, kv_dim, off, hd, kbuf);
-        let vt = Tile::load(vals, t0, t1, kv_dim, off, hd, vbuf);
         let nk = t1 - t0;
         // Each row's visible keys within the tile, from the tile's start.
         rel.clear();
@@ -404,7 +402,8 @@ fn attend_block(
         // same dot products, rescaling and adds in the same order as one
         // row at a time.
         scores.resize(nr * nk, 0.0);
-        kern.dot_f32_grid(qs, kt.data, kt.stride, nk, scale, scores);
+        let kt = Tile::load(keys, t0, t1, kv_dim, off, hd, kbuf);
+        kern.dot_f32_grid(qs, kt.data, kt.stride, nk, scale, scores, nk);
         for (r, o) in out.chunks_exact_mut(hd).enumerate() {
             let (a, b) = rel[r];
             if a >= b {
@@ -423,7 +422,8 @@ fn attend_block(
                 sum[r] += *e;
             }
         }
-        kern.axpy_grid(&mut out, hd, scores, nk, rel, vt.data, vt.stride);
+        let vt = Tile::load(vals, t0, t1, kv_dim, off, hd, vbuf);
+        kern.axpy_grid(&mut out, hd, scores, nk, nk, rel, vt.data, vt.stride);
     }
     for (r, o) in out.chunks_exact_mut(hd).enumerate() {
         let inv = match sinks.get(r).copied() {

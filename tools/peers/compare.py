@@ -38,6 +38,9 @@
 # (qwen3_5_moe_text: Gated DeltaNet + gated attention, 256 experts top-8,
 # shared expert) instead of OLMoE-1B-7B, its files under --work/qwen35/
 # (the venv and llama.cpp sources stay shared); `--layers 8` keeps it in RAM.
+# `--family qwen3moe` does the same with the Qwen3-30B-A3B shape (grouped-
+# query attention: 32 query heads over 4 KV heads), under --work/qwen3moe/,
+# for the `long` step's figures on a GQA model.
 #
 # Usage:
 #   python3 tools/peers/compare.py all --work /work/bench-data/peers \
@@ -101,6 +104,25 @@ QWEN35 = dict(
     full_attention_interval=4,
     max_position_embeddings=4096,
 )
+
+# Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B) shape: grouped-query attention, 32
+# query heads sharing 4 KV heads of 128; the release has 48 layers.
+QWEN3MOE = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    max_position_embeddings=40960,
+)
+
+# The GGUF architecture name of each family (its metadata keys' prefix).
+GGUF_ARCH = {"olmoe": "olmoe", "qwen3moe": "qwen3moe", "qwen35": "qwen35moe"}
 
 # `--isa`: "native" (each engine's best for this CPU) or "avx2".
 ISA = "native"
@@ -354,6 +376,61 @@ def qwen35_tensor_plan(cfg):
     return plan
 
 
+def qwen3moe_tensor_plan(cfg):
+    """(name, shape, kind) of a Qwen3-MoE checkpoint (per-head q/k norms,
+    no shared expert)."""
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    i, ne = cfg["moe_intermediate_size"], cfg["num_experts"]
+    nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    plan = [("model.embed_tokens.weight", (v, h), "embed")]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        plan += [
+            (p + "input_layernorm.weight", (h,), "norm"),
+            (p + "self_attn.q_proj.weight", (nq * hd, h), "lin"),
+            (p + "self_attn.k_proj.weight", (nkv * hd, h), "lin"),
+            (p + "self_attn.v_proj.weight", (nkv * hd, h), "lin"),
+            (p + "self_attn.o_proj.weight", (h, nq * hd), "lin"),
+            (p + "self_attn.q_norm.weight", (hd,), "norm"),
+            (p + "self_attn.k_norm.weight", (hd,), "norm"),
+            (p + "post_attention_layernorm.weight", (h,), "norm"),
+            (p + "mlp.gate.weight", (ne, h), "router"),
+        ]
+        for e in range(ne):
+            q = f"{p}mlp.experts.{e}."
+            plan += [
+                (q + "gate_proj.weight", (i, h), "lin"),
+                (q + "up_proj.weight", (i, h), "lin"),
+                (q + "down_proj.weight", (h, i), "lin"),
+            ]
+    plan += [("model.norm.weight", (h,), "norm"), ("lm_head.weight", (v, h), "lin")]
+    return plan
+
+
+def qwen3moe_config(cfg):
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": 5,
+        "use_cache": True,
+        **cfg,
+    }
+
+
 def draw(rng, shape, kind):
     """Seeded uniform draws: variance 1/fan_in (router 4/fan_in, so routing
     follows the token; embeddings unit variance), norms 1 +- 0.1 -- the
@@ -384,6 +461,9 @@ def make_hf(a):
     if a.family == "qwen35":
         cfg = dict(QWEN35, num_hidden_layers=a.layers)
         config, plan = qwen35_config(cfg), qwen35_tensor_plan(cfg)
+    elif a.family == "qwen3moe":
+        cfg = dict(QWEN3MOE, num_hidden_layers=a.layers)
+        config, plan = qwen3moe_config(cfg), qwen3moe_tensor_plan(cfg)
     else:
         cfg = dict(OLMOE, num_hidden_layers=a.layers)
         config, plan = olmoe_config(cfg), tensor_plan(cfg)
@@ -803,7 +883,7 @@ LONG_DECODE = 16
 def long_model(a, src, ctx):
     """`src` (a coli container) with its config's context raised to `ctx`:
     a directory of links to the same files beside a rewritten config.json."""
-    dst = a.work / f"{src.name}-ctx{ctx}"
+    dst = src.parent / f"{src.name}-ctx{ctx}"
     dst.mkdir(exist_ok=True)
     for f in src.iterdir():
         t = dst / f.name
@@ -852,8 +932,8 @@ def long_llama(a, model, threads, n, round_seed):
            "-c", str(n + LONG_DECODE + 32), "-t", str(threads), "-tb", str(threads), "-fa", "on",
            "-ctk", "f16", "-ctv", "f16", "-b", "512", "-ub", "512",
            # The server caps a slot at the GGUF's training context (4096
-           # for this shape); raise it as coli's raised config does.
-           "--override-kv", f"olmoe.context_length=int:{n + LONG_DECODE + 32}"]
+           # for the OLMoE shape); raise it as coli's raised config does.
+           "--override-kv", f"{GGUF_ARCH[a.family]}.context_length=int:{n + LONG_DECODE + 32}"]
     proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(a.work / "llama-server.log", "w"))
     try:
@@ -879,13 +959,13 @@ def long(a):
     that context, coli (f16 KV by default) against
     llama-server (flash attention, f16 KV), rounds interleaved, both from
     the page cache; peak RSS of each run."""
-    src, gguf = a.work / "coli-int8", a.work / "olmoe-q8_0.gguf"
+    src, gguf = a.data / "coli-int8", a.data / f"{a.family}-q8_0.gguf"
     if not (src.exists() and gguf.exists()):
-        raise SystemExit("the long step needs coli-int8 and olmoe-q8_0.gguf (run make-hf,convert)")
+        raise SystemExit(f"the long step needs {src} and {gguf} (run make-hf,convert)")
     top = max(a.long_lens)
     model = long_model(a, src, max(top + LONG_DECODE + 8, 4096))
     lines = [
-        f"long {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.rounds} rounds, "
+        f"long {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {a.family} shape, {a.rounds} rounds, "
         f"coli flags: {a.coli_args or '(defaults)'}, isa {a.isa}",
         f"coli: {coli_kernels(a)}",
         "",
@@ -1150,8 +1230,9 @@ def main():
     ap.add_argument("--work", type=Path, default=Path("/work/bench-data/peers"))
     ap.add_argument("--coli", type=Path, default=REPO / "target" / "release" / "coli")
     ap.add_argument("--layers", type=int, default=16, help="OLMoE-1B-7B has 16, Qwen3.6-35B-A3B 40")
-    ap.add_argument("--family", choices=["olmoe", "qwen35"], default="olmoe",
-                    help="the checkpoint's shape: OLMoE-1B-7B, or Qwen3.6-35B-A3B (files under --work/qwen35)")
+    ap.add_argument("--family", choices=["olmoe", "qwen3moe", "qwen35"], default="olmoe",
+                    help="the checkpoint's shape: OLMoE-1B-7B, Qwen3-30B-A3B (grouped-query attention; "
+                         "files under --work/qwen3moe) or Qwen3.6-35B-A3B (files under --work/qwen35)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)

@@ -63,11 +63,12 @@ fn row_rest(
 }
 
 /// Scores of every row of `q` against every key, times `scale`:
-/// `out[r * nk + j] = dot(q[r], key j) * scale`.
+/// `out[r * ld + j] = dot(q[r], key j) * scale` for `j < nk`.
 ///
 /// # Safety
 /// The CPU supports AVX2; the caller checked the lengths (every `q[r]` has
-/// `hd` values, `keys` holds `(nk - 1) * stride + hd`, `out` `q.len() * nk`).
+/// `hd` values, `keys` holds `(nk - 1) * stride + hd`, `ld >= nk` and `out`
+/// holds `(q.len() - 1) * ld + nk`).
 #[target_feature(enable = "avx2")]
 pub(in crate::kernels) unsafe fn dot_grid_avx2(
     q: &[&[f32]],
@@ -76,6 +77,7 @@ pub(in crate::kernels) unsafe fn dot_grid_avx2(
     nk: usize,
     scale: f32,
     out: &mut [f32],
+    ld: usize,
 ) {
     for (r, qr) in q.iter().enumerate() {
         row_rest(
@@ -85,7 +87,7 @@ pub(in crate::kernels) unsafe fn dot_grid_avx2(
             0,
             nk,
             scale,
-            &mut out[r * nk..(r + 1) * nk],
+            &mut out[r * ld..r * ld + nk],
             // SAFETY: AVX2 is enabled here; every key holds `hd` values.
             |a, b| unsafe { dot4_avx2(a, b) },
             // SAFETY: as above.
@@ -171,6 +173,7 @@ pub(in crate::kernels) unsafe fn dot_grid_avx512(
     nk: usize,
     scale: f32,
     out: &mut [f32],
+    ld: usize,
 ) {
     let nr = q.len();
     let Some(hd) = q.first().map(|r| r.len()) else {
@@ -198,13 +201,13 @@ pub(in crate::kernels) unsafe fn dot_grid_avx512(
             for (r, q) in qr.iter().enumerate() {
                 for (jj, k) in kr.iter().enumerate() {
                     let d = lanes[4 * jj + r] + tail_dot(&q[body..], &k[body..]);
-                    out[(r0 + r) * nk + j + jj] = d * scale;
+                    out[(r0 + r) * ld + j + jj] = d * scale;
                 }
             }
             j += 4;
         }
         for (r, q) in qr.iter().enumerate() {
-            let row = &mut out[(r0 + r) * nk..(r0 + r + 1) * nk];
+            let row = &mut out[(r0 + r) * ld..(r0 + r) * ld + nk];
             for (jj, o) in row.iter_mut().enumerate().skip(quad_keys) {
                 // SAFETY: AVX-512F is enabled; the key holds `hd` values.
                 *o = unsafe { dot_avx512(q, key(keys, stride, hd, jj)) } * scale;
@@ -220,7 +223,7 @@ pub(in crate::kernels) unsafe fn dot_grid_avx512(
             0,
             nk,
             scale,
-            &mut out[r * nk..(r + 1) * nk],
+            &mut out[r * ld..r * ld + nk],
             // SAFETY: AVX-512F is enabled; every key holds `hd` values.
             |a, b| unsafe { dot4_avx512(a, b) },
             // SAFETY: as above.
@@ -258,18 +261,21 @@ fn row_axpy(
     }
 }
 
-/// `out_r += Σ_{j in spans[r]} w[r * nk + j] · value j`, per element in the
+/// `out_r += Σ_{j in spans[r]} w[r * ld + j] · value j`, per element in the
 /// order of `j`, each step a rounded multiply then a rounded add.
 ///
 /// # Safety
 /// The CPU supports AVX2; the caller checked the lengths (`out` is
-/// `spans.len() × hd`, `w` `spans.len() × nk`, every span within `0..=nk`,
+/// `spans.len() × hd`, `ld >= nk`, `w` holds `(spans.len() - 1) * ld + nk`,
+/// every span within `0..=nk`,
 /// `vals` holds `(nk - 1) * stride + hd`).
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 pub(in crate::kernels) unsafe fn axpy_grid_avx2(
     out: &mut [f32],
     hd: usize,
     w: &[f32],
+    ld: usize,
     nk: usize,
     spans: &[(usize, usize)],
     vals: &[f32],
@@ -278,7 +284,7 @@ pub(in crate::kernels) unsafe fn axpy_grid_avx2(
     for (r, (o, span)) in out.chunks_exact_mut(hd).zip(spans).enumerate() {
         row_axpy(
             o,
-            &w[r * nk..(r + 1) * nk],
+            &w[r * ld..r * ld + nk],
             vals,
             stride,
             *span,
@@ -295,7 +301,7 @@ pub(in crate::kernels) unsafe fn axpy_grid_avx2(
 /// by, so a value chunk is loaded once for four rows.
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `out` is 4 × `hd`, `w` 4 × `nk`, `b <= nk`,
+/// The CPU supports AVX-512F; `out` is 4 × `hd`, `w` holds `3 * ld + b`,
 /// `vals` holds `(b - 1) * stride + hd` values.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -304,7 +310,7 @@ unsafe fn axpy_4rows(
     out: &mut [f32],
     hd: usize,
     w: &[f32],
-    nk: usize,
+    ld: usize,
     (a, b): (usize, usize),
     vals: &[f32],
     stride: usize,
@@ -316,7 +322,7 @@ unsafe fn axpy_4rows(
     let mut c = 0;
     while c + 32 <= body {
         // SAFETY: `c + 32 <= hd` for every row of `out` and every value row
-        // `j < b`; the weights are at `r * nk + j < 4 * nk`.
+        // `j < b`; the weights are at `r * ld + j < 3 * ld + b`.
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); 2]; 4];
             for (r, ar) in acc.iter_mut().enumerate() {
@@ -327,7 +333,7 @@ unsafe fn axpy_4rows(
                 let v0 = _mm512_loadu_ps(pv.add(j * stride + c));
                 let v1 = _mm512_loadu_ps(pv.add(j * stride + c + 16));
                 for (r, ar) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*pw.add(r * nk + j));
+                    let wv = _mm512_set1_ps(*pw.add(r * ld + j));
                     ar[0] = _mm512_add_ps(ar[0], _mm512_mul_ps(wv, v0));
                     ar[1] = _mm512_add_ps(ar[1], _mm512_mul_ps(wv, v1));
                 }
@@ -349,7 +355,7 @@ unsafe fn axpy_4rows(
             for j in a..b {
                 let v = _mm512_loadu_ps(pv.add(j * stride + c));
                 for (r, ar) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*pw.add(r * nk + j));
+                    let wv = _mm512_set1_ps(*pw.add(r * ld + j));
                     *ar = _mm512_add_ps(*ar, _mm512_mul_ps(wv, v));
                 }
             }
@@ -361,7 +367,7 @@ unsafe fn axpy_4rows(
     for (r, o) in out.chunks_exact_mut(hd).enumerate() {
         for (i, oi) in o.iter_mut().enumerate().skip(body) {
             for j in a..b {
-                *oi += w[r * nk + j] * vals[j * stride + i];
+                *oi += w[r * ld + j] * vals[j * stride + i];
             }
         }
     }
@@ -374,10 +380,12 @@ unsafe fn axpy_4rows(
 /// # Safety
 /// As [`axpy_grid_avx2`], with AVX-512F (and so AVX2).
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 pub(in crate::kernels) unsafe fn axpy_grid_avx512(
     out: &mut [f32],
     hd: usize,
     w: &[f32],
+    ld: usize,
     nk: usize,
     spans: &[(usize, usize)],
     vals: &[f32],
@@ -395,8 +403,8 @@ pub(in crate::kernels) unsafe fn axpy_grid_avx512(
                     axpy_4rows(
                         &mut out[r * hd..(r + 4) * hd],
                         hd,
-                        &w[r * nk..(r + 4) * nk],
-                        nk,
+                        &w[r * ld..],
+                        ld,
                         s,
                         vals,
                         stride,
@@ -408,7 +416,7 @@ pub(in crate::kernels) unsafe fn axpy_grid_avx512(
         }
         row_axpy(
             &mut out[r * hd..(r + 1) * hd],
-            &w[r * nk..(r + 1) * nk],
+            &w[r * ld..r * ld + nk],
             vals,
             stride,
             s,

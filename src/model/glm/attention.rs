@@ -17,7 +17,8 @@ use rayon::prelude::*;
 use super::config::GlmConfig;
 use super::state::LayerCache;
 use super::weights::{IndexerWeights, KvProj, MlaWeights};
-use crate::model::ops::{Rope, dot, rms_norm_inplace, softmax_inplace, top_k};
+use crate::kernels::dispatch;
+use crate::model::ops::{Rope, rms_norm_inplace, softmax_inplace, top_k};
 
 /// Largest forward (in new tokens) computed in the absorbed form.
 pub const ABSORB_MAX_TOKENS: usize = 16;
@@ -141,6 +142,10 @@ impl AttnCtx<'_> {
             }
         };
         let scale = cfg.softmax_scale();
+        // The SIMD dot products and weighted adds, bit-identical to
+        // `ops::dot` and `o += a * x` (see `Kernels::dot_f32`), so the
+        // kernel set changes no number here either.
+        let kern = dispatch();
         let kvb = match &w.kv_b {
             KvProj::Joint(m) => Some(m),
             KvProj::PerHead { .. } => None,
@@ -179,9 +184,7 @@ impl AttnCtx<'_> {
                                     &wrow
                                 }
                             };
-                            for (a, &b) in q_abs.iter_mut().zip(wk) {
-                                *a += qj * b;
-                            }
+                            kern.axpy(&mut q_abs, qj, wk);
                         }
                     }
                 }
@@ -189,17 +192,15 @@ impl AttnCtx<'_> {
                 let mut s: Vec<f32> = keys
                     .iter()
                     .map(|&p| {
-                        (dot(&q_abs, &latent[p * kvl..(p + 1) * kvl])
-                            + dot(&qh[nope..], &k_rope[p * rd..(p + 1) * rd]))
+                        (kern.dot_f32(&q_abs, &latent[p * kvl..(p + 1) * kvl])
+                            + kern.dot_f32(&qh[nope..], &k_rope[p * rd..(p + 1) * rd]))
                             * scale
                     })
                     .collect();
                 softmax_inplace(&mut s);
                 let mut ctx_lat = vec![0f32; kvl];
                 for (&p, &a) in keys.iter().zip(&s) {
-                    for (c, &x) in ctx_lat.iter_mut().zip(&latent[p * kvl..(p + 1) * kvl]) {
-                        *c += a * x;
-                    }
+                    kern.axpy(&mut ctx_lat, a, &latent[p * kvl..(p + 1) * kvl]);
                 }
                 match &w.kv_b {
                     KvProj::PerHead { v, .. } => v[h].matvec(&ctx_lat, out),
@@ -207,7 +208,7 @@ impl AttnCtx<'_> {
                         for (d, o) in out.iter_mut().enumerate() {
                             let r = h * kvb_rows + nope + d;
                             *o = match kvb.f32_data() {
-                                Some(wv) => dot(&wv[r * kvl..(r + 1) * kvl], &ctx_lat),
+                                Some(wv) => kern.dot_f32(&wv[r * kvl..(r + 1) * kvl], &ctx_lat),
                                 None => kvb.row_dot(r, &ctx_lat),
                             };
                         }
@@ -225,16 +226,15 @@ impl AttnCtx<'_> {
                 let mut s: Vec<f32> = keys
                     .iter()
                     .map(|&p| {
-                        (dot(&qh[..nope], &row(p)[..nope]) + dot(&qh[nope..], &k_rope[p * rd..(p + 1) * rd]))
+                        (kern.dot_f32(&qh[..nope], &row(p)[..nope])
+                            + kern.dot_f32(&qh[nope..], &k_rope[p * rd..(p + 1) * rd]))
                             * scale
                     })
                     .collect();
                 softmax_inplace(&mut s);
                 out.fill(0.0);
                 for (&p, &a) in keys.iter().zip(&s) {
-                    for (o, &x) in out.iter_mut().zip(&row(p)[nope..]) {
-                        *o += a * x;
-                    }
+                    kern.axpy(out, a, &row(p)[nope..]);
                 }
             });
         }
@@ -282,6 +282,7 @@ impl AttnCtx<'_> {
         let keys = cache.index_k.rows_f32(cache.index_k.rows(ihd), ihd);
         let topk = cfg.index_topk();
         let scale = (ihd as f32).powf(-0.5);
+        let kern = dispatch();
         (0..n)
             .into_par_iter()
             .map(|t| {
@@ -295,7 +296,7 @@ impl AttnCtx<'_> {
                         (0..ih)
                             .map(|h| {
                                 let qh = &iq[(t * ih + h) * ihd..(t * ih + h + 1) * ihd];
-                                wts[t * ih + h] * (dot(qh, k) * scale).max(0.0)
+                                wts[t * ih + h] * (kern.dot_f32(qh, k) * scale).max(0.0)
                             })
                             .sum()
                     })
