@@ -218,3 +218,38 @@ fn a_prompt_fed_in_pieces_equals_one_pass() {
         .expect("continue one pass");
     assert!(c.iter().zip(&d).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
+
+/// A prompt too long for one command-line argument comes from a file:
+/// `--prompt-ids-file` (ids separated by commas, spaces or newlines) gives
+/// what `--prompt-ids` gives for the same ids, and a missing file is a
+/// usage error naming the flag and the path.
+#[test]
+fn prompt_ids_from_a_file_equal_ids_on_the_command_line() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let tiny = repo().join("models/colibri-tiny");
+    let ids: Vec<String> = (0..40u32).map(|i| ((i * 97 + 5) % 500 + 1).to_string()).collect();
+    let file = tmp.path().join("ids.txt");
+    std::fs::write(&file, format!("{}\n{}\n", ids[..20].join(","), ids[20..].join(" "))).expect("write ids");
+    let run_with = |flag: &str, value: &str| {
+        support::coli_command()
+            .args(["run", "--model"])
+            .arg(&tiny)
+            .args([flag, value, "--max-tokens", "6", "--ids", "--no-usage"])
+            .env("HOME", tmp.path())
+            .env("XDG_STATE_HOME", tmp.path().join("state"))
+            .stdin(Stdio::null())
+            .output()
+    };
+    let a = run_with("--prompt-ids", &ids.join(","));
+    assert!(a.status.success(), "{}", stderr(&a));
+    let b = run_with("--prompt-ids-file", file.to_str().expect("utf-8 path"));
+    assert!(b.status.success(), "{}", stderr(&b));
+    assert_eq!(a.stdout, b.stdout);
+    assert!(!a.stdout.is_empty());
+
+    let missing = tmp.path().join("nope.txt");
+    let c = run_with("--prompt-ids-file", missing.to_str().expect("utf-8 path"));
+    assert!(!c.status.success());
+    let e = stderr(&c);
+    assert!(e.contains("--prompt-ids-file") && e.contains("nope.txt"), "{e}");
+}

@@ -406,9 +406,9 @@ pub fn finish_usage(recorder: Option<UsageRecorder>) {
     }
 }
 
-/// Parses `1,2,3` (spaces allowed) into token ids.
+/// Parses `1,2,3` (spaces and newlines allowed) into token ids.
 pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
-    s.split([',', ' '])
+    s.split([',', ' ', '\n', '\r', '\t'])
         .filter(|p| !p.trim().is_empty())
         .map(|p| {
             p.trim()

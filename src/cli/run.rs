@@ -1,7 +1,7 @@
 //! `coli run`: generate from a prompt.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -20,15 +20,27 @@ pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArg,
     /// Prompt text (needs tokenizer.json in the model directory).
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(
+        long,
+        conflicts_with_all = ["prompt_ids", "prompt_file", "prompt_ids_file"],
+        required_unless_present_any = ["prompt_ids", "prompt_file", "prompt_ids_file"]
+    )]
     pub prompt: Option<String>,
+    /// Prompt text read from a file (`-`: standard input), for prompts too
+    /// long for a command line (the kernel caps one argument at 128 KiB).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["prompt_ids", "prompt_ids_file"])]
+    pub prompt_file: Option<PathBuf>,
     /// Use the --prompt text as it is, without the model's chat template
     /// (models whose tokenizer_config.json has a template get it by default).
     #[arg(long)]
     pub raw: bool,
     /// Prompt as comma-separated token ids.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prompt_ids_file")]
     pub prompt_ids: Option<String>,
+    /// Prompt as token ids read from a file (`-`: standard input), separated
+    /// by commas, spaces or newlines.
+    #[arg(long, value_name = "PATH")]
+    pub prompt_ids_file: Option<PathBuf>,
     #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = limits::max_tokens)]
     pub max_tokens: usize,
     /// Context length the KV cache is sized for (default: the model's
@@ -114,17 +126,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut engine = Engine::load_with_progress(&dir, &opts, crate::progress::load_progress())
         .with_context(|| format!("loading {}", dir.display()))?;
     let (usage, _) = super::start_usage(&engine, args.state_dir.as_deref(), &args.usage)?;
-    let prompt = match (&args.prompt, &args.prompt_ids) {
-        (_, Some(ids)) => parse_ids(ids)?,
+    let text = match (&args.prompt, &args.prompt_file) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(path)) => Some(read_prompt_file(path, "--prompt-file")?),
+        (None, None) => None,
+    };
+    let ids = match (&args.prompt_ids, &args.prompt_ids_file) {
+        (Some(ids), _) => Some(ids.clone()),
+        (None, Some(path)) => Some(read_prompt_file(path, "--prompt-ids-file")?),
+        (None, None) => None,
+    };
+    let prompt = match (text, ids) {
+        (_, Some(ids)) => parse_ids(&ids)?,
         (Some(text), None) => {
-            let text = if args.raw {
-                text.clone()
-            } else {
-                chat_prompt(&dir, text)?
-            };
+            let text = if args.raw { text } else { chat_prompt(&dir, &text)? };
             engine.tokenizer()?.encode(&text)?
         }
-        (None, None) => return Err(super::usage("give --prompt or --prompt-ids")),
+        (None, None) => {
+            return Err(super::usage(
+                "give --prompt, --prompt-file, --prompt-ids or --prompt-ids-file",
+            ));
+        }
     };
     if prompt.is_empty() {
         return Err(super::usage("the prompt is empty"));
@@ -208,4 +230,17 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     super::finish_usage(usage);
     printed
+}
+
+/// The contents of a prompt file (`-`: standard input) as text; `flag` names
+/// the flag in the error.
+fn read_prompt_file(path: &Path, flag: &str) -> anyhow::Result<String> {
+    let mut text = String::new();
+    let read = if path == Path::new("-") {
+        std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
+    } else {
+        std::fs::File::open(path).and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+    };
+    read.map_err(|e| super::usage(format!("{flag} {}: {e}", path.display())))?;
+    Ok(text)
 }
