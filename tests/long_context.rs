@@ -229,7 +229,11 @@ fn prompt_ids_from_a_file_equal_ids_on_the_command_line() {
     let tiny = repo().join("models/colibri-tiny");
     let ids: Vec<String> = (0..40u32).map(|i| ((i * 97 + 5) % 500 + 1).to_string()).collect();
     let file = tmp.path().join("ids.txt");
-    std::fs::write(&file, format!("{}\n{}\n", ids[..20].join(","), ids[20..].join(" "))).expect("write ids");
+    std::fs::write(
+        &file,
+        format!("{}\n{}\n", ids[..20].join(","), ids[20..].join(" ")),
+    )
+    .expect("write ids");
     let run_with = |flag: &str, value: &str| {
         support::coli_command()
             .args(["run", "--model"])

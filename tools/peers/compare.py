@@ -317,14 +317,22 @@ def tensor_plan(cfg):
             (p + "post_attention_layernorm.weight", (h,), "norm"),
             (p + "mlp.gate.weight", (cfg["num_experts"], h), "router"),
         ]
-        for e in range(cfg["num_experts"]):
-            q = f"{p}mlp.experts.{e}."
-            plan += [
-                (q + "gate_proj.weight", (i, h), "lin"),
-                (q + "up_proj.weight", (i, h), "lin"),
-                (q + "down_proj.weight", (h, i), "lin"),
-            ]
+        plan += experts_plan(p, cfg["num_experts"], i, h)
     plan += [("model.norm.weight", (h,), "norm"), ("lm_head.weight", (v, h), "lin")]
+    return plan
+
+
+def experts_plan(p, ne, i, h):
+    """The routed experts of layer prefix `p`: `ne` SwiGLU MLPs of
+    intermediate size `i`, named per expert as the published checkpoints."""
+    plan = []
+    for e in range(ne):
+        q = f"{p}mlp.experts.{e}."
+        plan += [
+            (q + "gate_proj.weight", (i, h), "lin"),
+            (q + "up_proj.weight", (i, h), "lin"),
+            (q + "down_proj.weight", (h, i), "lin"),
+        ]
     return plan
 
 
@@ -396,13 +404,7 @@ def qwen3moe_tensor_plan(cfg):
             (p + "post_attention_layernorm.weight", (h,), "norm"),
             (p + "mlp.gate.weight", (ne, h), "router"),
         ]
-        for e in range(ne):
-            q = f"{p}mlp.experts.{e}."
-            plan += [
-                (q + "gate_proj.weight", (i, h), "lin"),
-                (q + "up_proj.weight", (i, h), "lin"),
-                (q + "down_proj.weight", (h, i), "lin"),
-            ]
+        plan += experts_plan(p, ne, i, h)
     plan += [("model.norm.weight", (h,), "norm"), ("lm_head.weight", (v, h), "lin")]
     return plan
 
