@@ -20,7 +20,7 @@ mod gguf_ref;
 
 use std::path::{Path, PathBuf};
 
-use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::engine::{Engine, EngineOptions};
 use colibri::gguf::build::GgufImage;
 use colibri::gguf::{GgufModel, Value as GValue};
 use colibri::model::kv_cache::{KvType, KvTypes};
@@ -387,21 +387,7 @@ fn streamed_experts_give_the_mapped_tokens() {
     let r = reference();
     for name in ["deepseek2-tiny-q4_0.gguf", "deepseek2-tiny-kvb-q8_0.gguf"] {
         let path = dir().join(name);
-        let mapped = EngineOptions {
-            placement: Placement::Mapped,
-            ..exact()
-        };
-        let want = greedy(&mut Engine::load(&path, &mapped).expect("mapped"), &r.prompt, 16);
-        let streamed = EngineOptions {
-            placement: Placement::Streamed,
-            cache_cap: Some(1),
-            direct: true,
-            pilot: true,
-            ..exact()
-        };
-        let mut engine = Engine::load(&path, &streamed).expect("streamed");
-        assert_eq!(greedy(&mut engine, &r.prompt, 16), want, "{name} streamed");
-        assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
+        assert_streamed_equals_mapped(&path, &r.prompt, 16);
     }
 }
 

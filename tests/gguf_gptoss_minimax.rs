@@ -19,7 +19,7 @@ mod gguf_ref;
 
 use std::path::{Path, PathBuf};
 
-use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::engine::Engine;
 use colibri::gguf::build::GgufImage;
 use colibri::gguf::{GgufModel, Value as V};
 use gguf_ref::*;
@@ -174,21 +174,7 @@ fn streamed_gives_the_mapped_tokens() {
     ] {
         let r = reference_of(arch, &[name]);
         let path = family_dir(arch).join(name);
-        let mapped = EngineOptions {
-            placement: Placement::Mapped,
-            ..exact()
-        };
-        let want = greedy(&mut load(&path, &mapped), &r.prompt, 16);
-        let streamed = EngineOptions {
-            placement: Placement::Streamed,
-            cache_cap: Some(1),
-            direct: true,
-            pilot: true,
-            ..exact()
-        };
-        let mut engine = load(&path, &streamed);
-        assert_eq!(greedy(&mut engine, &r.prompt, 16), want, "{name} streamed");
-        assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
+        assert_streamed_equals_mapped(&path, &r.prompt, 16);
     }
 }
 

@@ -19,7 +19,7 @@ mod gguf_ref;
 
 use std::path::{Path, PathBuf};
 
-use colibri::engine::{Engine, EngineOptions, ModelFiles, Placement};
+use colibri::engine::{Engine, ModelFiles};
 use colibri::gguf::build::GgufImage;
 use colibri::gguf::{GgmlType, GgufModel};
 use gguf_ref::*;
@@ -196,21 +196,7 @@ fn streamed_and_split_ggufs_give_the_mapped_tokens() {
         (&f, "glm4moe-tiny-q8_0.gguf"),
     ] {
         let path = refs.dir.join(name);
-        let mapped = EngineOptions {
-            placement: Placement::Mapped,
-            ..exact()
-        };
-        let want = greedy(&mut load(&path, &mapped), &refs.prompt, 16);
-        let streamed = EngineOptions {
-            placement: Placement::Streamed,
-            cache_cap: Some(1),
-            direct: true,
-            pilot: true,
-            ..exact()
-        };
-        let mut engine = load(&path, &streamed);
-        assert_eq!(greedy(&mut engine, &refs.prompt, 16), want, "{name} streamed");
-        assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
+        assert_streamed_equals_mapped(&path, &refs.prompt, 16);
     }
     let single = greedy(
         &mut load(&gguf_dir().join("olmoe-tiny-q8_0.gguf"), &exact()),

@@ -29,7 +29,7 @@ mod gguf_ref;
 use std::path::{Path, PathBuf};
 
 use colibri::convert::convert;
-use colibri::engine::{Engine, EngineOptions, Placement};
+use colibri::engine::Engine;
 use colibri::gguf::build::GgufImage;
 use colibri::gguf::{GgufModel, Value as V};
 use colibri::quant::QFormat;
@@ -131,21 +131,7 @@ fn streamed_and_converted_files_give_the_mapped_tokens() {
         let r = reference(arch);
         let name = format!("{arch}-tiny-{q}.gguf");
         let path = dir(arch).join(&name);
-        let mapped = EngineOptions {
-            placement: Placement::Mapped,
-            ..exact()
-        };
-        let want = greedy(&mut load(&path, &mapped), &r.prompt, 12);
-        let streamed = EngineOptions {
-            placement: Placement::Streamed,
-            cache_cap: Some(1),
-            direct: true,
-            pilot: true,
-            ..exact()
-        };
-        let mut engine = load(&path, &streamed);
-        assert_eq!(greedy(&mut engine, &r.prompt, 12), want, "{name} streamed");
-        assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
+        assert_streamed_equals_mapped(&path, &r.prompt, 12);
 
         let out = tmp.path().join(name.trim_end_matches(".gguf"));
         let name = &name;

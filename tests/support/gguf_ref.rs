@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use colibri::engine::{Engine, EngineOptions};
+use colibri::engine::{Engine, EngineOptions, Placement};
 use colibri::model::kv_cache::{KvType, KvTypes};
 use colibri::model::lm::Logits;
 use colibri::sampling::{Sampler, SamplingParams};
@@ -49,6 +49,28 @@ pub fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
         .expect("generation");
     engine.stop_ids = stops;
     out.generated
+}
+
+/// Greedy tokens with the experts streamed from the file (one cached
+/// expert per layer, O_DIRECT reads, the pilot on) equal those of the
+/// mapped file, and the streamed run did read experts on demand.
+pub fn assert_streamed_equals_mapped(path: &Path, prompt: &[u32], n: usize) {
+    let name = path.display();
+    let mapped = EngineOptions {
+        placement: Placement::Mapped,
+        ..exact()
+    };
+    let want = greedy(&mut load(path, &mapped), prompt, n);
+    let streamed = EngineOptions {
+        placement: Placement::Streamed,
+        cache_cap: Some(1),
+        direct: true,
+        pilot: true,
+        ..exact()
+    };
+    let mut engine = load(path, &streamed);
+    assert_eq!(greedy(&mut engine, prompt, n), want, "{name} streamed");
+    assert!(engine.stats().misses > 0, "{name}: the experts were streamed");
 }
 
 pub fn all_logits(engine: &mut Engine, ids: &[u32]) -> Vec<f32> {
