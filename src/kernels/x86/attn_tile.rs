@@ -28,23 +28,20 @@ fn key(keys: &[f32], stride: usize, hd: usize, j: usize) -> &[f32] {
     &keys[j * stride..j * stride + hd]
 }
 
-/// Scores of `q[r]` against keys `j0..nk`, four keys at a time, into row
-/// `r` of `out` (`nk` wide), times `scale`.
+/// Scores of one query against the first `out.len()` keys, four keys at a
+/// time, times `scale`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn row_rest(
+fn row_scores(
     q: &[f32],
     keys: &[f32],
     stride: usize,
-    j0: usize,
-    nk: usize,
     scale: f32,
     out: &mut [f32],
     dot4: impl Fn(&[f32], [&[f32]; 4]) -> [f32; 4],
     dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
-    let hd = q.len();
-    let mut j = j0;
+    let (hd, nk) = (q.len(), out.len());
+    let mut j = 0;
     while j + 4 <= nk {
         let k4 = [
             key(keys, stride, hd, j),
@@ -57,7 +54,7 @@ fn row_rest(
         }
         j += 4;
     }
-    for (j, o) in out.iter_mut().enumerate().take(nk).skip(j) {
+    for (j, o) in out.iter_mut().enumerate().skip(j) {
         *o = dot(q, key(keys, stride, hd, j)) * scale;
     }
 }
@@ -80,12 +77,10 @@ pub(in crate::kernels) unsafe fn dot_grid_avx2(
     ld: usize,
 ) {
     for (r, qr) in q.iter().enumerate() {
-        row_rest(
+        row_scores(
             qr,
             keys,
             stride,
-            0,
-            nk,
             scale,
             &mut out[r * ld..r * ld + nk],
             // SAFETY: AVX2 is enabled here; every key holds `hd` values.
@@ -216,12 +211,10 @@ pub(in crate::kernels) unsafe fn dot_grid_avx512(
         r0 += 4;
     }
     for (r, qr) in q.iter().enumerate().skip(r0) {
-        row_rest(
+        row_scores(
             qr,
             keys,
             stride,
-            0,
-            nk,
             scale,
             &mut out[r * ld..r * ld + nk],
             // SAFETY: AVX-512F is enabled; every key holds `hd` values.
